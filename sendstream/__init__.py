@@ -1,0 +1,37 @@
+"""sendstream: read, check, write and move btrfs send streams.
+
+The core is sans-IO: :class:`Decoder` takes bytes and returns events,
+:class:`Encoder` takes events or commands and returns bytes.
+"""
+
+from .command import Command
+from .crc import crc32c, reference_crc32c
+from .decoder import NEED_DATA, Decoder, EndOfInput, Framer, NeedData, StreamHeader
+from .encoder import Encoder, encode_command, encode_stream_header
+from .errors import FormatError, SendStreamError, UsageError
+from .format import Timespec
+from .verify import Report, verify_buffer, verify_file
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "NEED_DATA",
+    "Command",
+    "Decoder",
+    "Encoder",
+    "EndOfInput",
+    "FormatError",
+    "Framer",
+    "NeedData",
+    "Report",
+    "SendStreamError",
+    "StreamHeader",
+    "Timespec",
+    "UsageError",
+    "crc32c",
+    "encode_command",
+    "encode_stream_header",
+    "reference_crc32c",
+    "verify_buffer",
+    "verify_file",
+]

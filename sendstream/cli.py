@@ -1,0 +1,175 @@
+"""The command line: a thin layer over the library.
+
+Errors become exit codes in one place (:func:`main`); see the README's
+table of exit codes.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from typing import IO, Any, BinaryIO
+
+import click
+
+from . import __version__
+from . import errors as e
+from .crc import IMPLEMENTATION
+from .decoder import Decoder, EndOfInput, StreamHeader
+from .dump import TextDumper, json_line
+from .encoder import Encoder
+from .files import atomic_output, iter_events, open_input
+from .verify import verify_file
+
+_FLUSH_EVERY = 1 << 16
+
+
+def _max_size_option(f: Any) -> Any:
+    return click.option(
+        "--max-command-size",
+        type=click.IntRange(min=0),
+        default=None,
+        metavar="BYTES",
+        help="Largest command payload accepted (default: the kernel's limit for the stream's version).",
+    )(f)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="sendstream")
+@click.option("--traceback", "show_traceback", is_flag=True, help="Show a Python traceback on errors.")
+@click.pass_context
+def cli(ctx: click.Context, show_traceback: bool) -> None:
+    """Read, check, convert and move btrfs send streams."""
+    ctx.obj = {"traceback": show_traceback}
+
+
+def _warn(problems: list[e.FormatError], shown: int) -> int:
+    for problem in problems[shown:]:
+        click.echo(f"sendstream: warning: {problem}", err=True)
+    return len(problems)
+
+
+@cli.command()
+@click.argument("stream", default="-")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines: one object per command.")
+@click.option("--strict", is_flag=True, help="Reject commands and attributes unknown to the stream's version.")
+@_max_size_option
+def dump(stream: str, as_json: bool, strict: bool, max_command_size: int | None) -> None:
+    """Print every command of STREAM (a file or -), like `btrfs receive --dump`."""
+    out = sys.stdout.buffer
+    decoder = Decoder(strict=strict, max_command_size=max_command_size)
+    text = TextDumper()
+    stream_no = 0
+    version = 0
+    pending: list[bytes] = []
+    warned = 0
+    with open_input(stream) as source:
+        try:
+            for event in iter_events(source, decoder):
+                if isinstance(event, StreamHeader):
+                    stream_no += 1
+                    version = event.version
+                    continue
+                if isinstance(event, EndOfInput):
+                    break
+                pending.append(json_line(event, stream_no, version) if as_json else text.line(event))
+                if len(pending) >= _FLUSH_EVERY:
+                    out.write(b"".join(pending))
+                    pending.clear()
+                if decoder.framer.problems and len(decoder.framer.problems) > warned:
+                    warned = _warn(decoder.framer.problems, warned)
+        finally:
+            out.write(b"".join(pending))
+            out.flush()
+
+
+@cli.command()
+@click.argument("stream", default="-")
+@click.option("--keep-going", is_flag=True, help="Report every problem, not only the first.")
+@click.option("-q", "--quiet", is_flag=True, help="No summary line.")
+@click.option("-v", "--verbose", is_flag=True, help="Say which CRC implementation ran.")
+@_max_size_option
+def verify(stream: str, keep_going: bool, quiet: bool, verbose: bool, max_command_size: int | None) -> None:
+    """Check STREAM (a file or -): framing, CRCs, commands, attributes, END."""
+    if verbose:
+        click.echo(f"sendstream: crc32c: {IMPLEMENTATION}; verifier: python", err=True)
+    with open_input(stream) as source:
+        report = verify_file(source, keep_going=keep_going, max_command_size=max_command_size)
+    for problem in report.problems:
+        click.echo(f"sendstream: error: {problem}", err=True)
+    if not quiet:
+        rate = report.bytes / report.seconds / 1e6 if report.seconds else 0.0
+        status = "OK" if report.ok else f"FAILED ({len(report.problems)} problem{'s' * (len(report.problems) != 1)})"
+        click.echo(
+            f"{status}: {report.streams} stream{'s' * (report.streams != 1)}, {report.commands} commands, "
+            f"{report.bytes} bytes in {report.seconds:.3f} s ({rate:.1f} MB/s)",
+            err=True,
+        )
+    sys.exit(report.exit_code)
+
+
+@cli.command()
+@click.argument("source", metavar="IN")
+@click.argument("target", metavar="OUT")
+@_max_size_option
+def convert(source: str, target: str, max_command_size: int | None) -> None:
+    """Rewrite stream IN into OUT (- for stdin/stdout) through the writer.
+
+    With no options the output is byte-identical to a valid input. A file
+    OUT appears only when the whole input was read without error.
+    """
+    encoder = Encoder()
+    decoder = Decoder(max_command_size=max_command_size)
+    with open_input(source) as inp, atomic_output(target) as out:
+        for event in iter_events(inp, decoder):
+            out.write(encoder.send(event))
+    _warn(decoder.framer.problems, 0)
+
+
+def _report(exc: BaseException, show_traceback: bool, err: IO[str]) -> None:
+    if show_traceback:
+        traceback.print_exc(file=err)
+    print(f"sendstream: error: {exc}", file=err)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI and map every error to its exit code, in one place."""
+    show_traceback = "--traceback" in (argv if argv is not None else sys.argv[1:])
+    try:
+        cli.main(args=argv, prog_name="sendstream", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        return e.EXIT_USAGE
+    except click.exceptions.Abort:
+        print("Aborted!", file=sys.stderr)
+        return 130
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 0
+    except e.SendStreamError as exc:
+        _report(exc, show_traceback, sys.stderr)
+        return exc.exit_code
+    except OSError as exc:
+        _report(exc, show_traceback, sys.stderr)
+        return e.EXIT_IO
+    return 0
+
+
+def _quiet_stdout() -> None:
+    # The reader went away (`| head`): drop what is left instead of a second error at exit.
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())
+
+
+_: BinaryIO

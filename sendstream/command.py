@@ -1,0 +1,125 @@
+"""The command model: a command number and its attributes, in stream order."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .format import (
+    ATTRIBUTE_NUMBERS,
+    ATTRIBUTES,
+    COMMAND_NUMBERS,
+    COMMANDS,
+    CommandSpec,
+    attribute_name,
+    command_name,
+    decode_value,
+    encode_value,
+)
+
+_MISSING: Any = object()
+
+
+class Command:
+    """One command of a send stream.
+
+    ``attributes`` keeps every TLV as ``(type, raw value)`` in stream order so
+    that writing the command again gives the same bytes. Values are raw
+    memoryviews into the decoded buffer; :meth:`get` and :meth:`values` give
+    them typed. ``attributes`` is None for a command number this library does
+    not know: its ``payload`` is then kept raw.
+
+    ``offset`` (of the command header in the input), ``index`` (0-based
+    among the commands of the input) and ``crc`` are set by the decoder.
+    """
+
+    __slots__ = ("cmd", "attributes", "payload", "offset", "index", "crc")
+
+    def __init__(
+        self,
+        cmd: int,
+        attributes: list[tuple[int, memoryview | bytes]] | None,
+        *,
+        payload: memoryview | bytes | None = None,
+        offset: int = -1,
+        index: int = -1,
+        crc: int | None = None,
+    ) -> None:
+        self.cmd = cmd
+        self.attributes = attributes
+        self.payload = payload
+        self.offset = offset
+        self.index = index
+        self.crc = crc
+
+    @classmethod
+    def build(cls, name: str, attributes: Iterable[tuple[str, Any]] | Mapping[str, Any] = ()) -> Command:
+        """Make a command from its name and typed values, in the order given."""
+        items = attributes.items() if isinstance(attributes, Mapping) else attributes
+        raw: list[tuple[int, memoryview | bytes]] = []
+        for key, value in items:
+            number = ATTRIBUTE_NUMBERS[key]
+            raw.append((number, encode_value(ATTRIBUTES[number].kind, value)))
+        return cls(COMMAND_NUMBERS[name], raw)
+
+    @property
+    def name(self) -> str:
+        return command_name(self.cmd)
+
+    @property
+    def spec(self) -> CommandSpec | None:
+        return COMMANDS.get(self.cmd)
+
+    def raw(self, number: int) -> memoryview | bytes | None:
+        """The raw value of attribute ``number`` (the last one if repeated)."""
+        found = None
+        for t, v in self.attributes or ():
+            if t == number:
+                found = v
+        return found
+
+    def get(self, key: str | int, default: Any = _MISSING) -> Any:
+        """The typed value of an attribute, by name or number."""
+        number = ATTRIBUTE_NUMBERS[key] if isinstance(key, str) else key
+        value = self.raw(number)
+        if value is None:
+            if default is _MISSING:
+                raise KeyError(key)
+            return default
+        spec = ATTRIBUTES.get(number)
+        if spec is None:
+            return value
+        return decode_value(spec.kind, memoryview(value))
+
+    def values(self) -> dict[str, Any]:
+        """Every attribute typed, keyed by name (unknown ones as ``unknown(N)``)."""
+        out: dict[str, Any] = {}
+        for t, v in self.attributes or ():
+            spec = ATTRIBUTES.get(t)
+            out[attribute_name(t)] = decode_value(spec.kind, memoryview(v)) if spec else v
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Command):
+            return NotImplemented
+        return (
+            self.cmd == other.cmd
+            and _freeze(self.attributes) == _freeze(other.attributes)
+            and _bytes(self.payload) == _bytes(other.payload)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        where = f" @{self.offset}" if self.offset >= 0 else ""
+        if self.attributes is None:
+            return f"<Command {self.name}{where} raw {len(self.payload or b'')} bytes>"
+        return f"<Command {self.name}{where} {self.values()!r}>"
+
+
+def _bytes(v: memoryview | bytes | None) -> bytes | None:
+    return None if v is None else bytes(v)
+
+
+def _freeze(attrs: list[tuple[int, memoryview | bytes]] | None) -> list[tuple[int, bytes]] | None:
+    return None if attrs is None else [(t, bytes(v)) for t, v in attrs]

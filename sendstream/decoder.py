@@ -1,0 +1,422 @@
+"""The sans-IO decoder: bytes in, events out.
+
+:class:`Framer` steps through a window of input that its caller owns and
+returns one event at a time; :class:`Decoder` owns its buffering on top of
+it, and :mod:`sendstream.verify` drives the same framer over reused aligned
+buffers. Neither touches a file or a socket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import errors as e
+from .command import Command
+from .crc import crc32c
+from .format import (
+    A_DATA,
+    ATTRIBUTES,
+    C_END,
+    COMMAND_HEADER,
+    COMMAND_HEADER_SIZE,
+    COMMANDS,
+    MAX_ATTRIBUTE,
+    MAX_COMMAND,
+    MAX_VERSION,
+    SEND_BUF_SIZE,
+    STREAM_HEADER,
+    STREAM_HEADER_SIZE,
+    STREAM_MAGIC,
+    TLV_HEADER,
+    TLV_HEADER_SIZE,
+    TLV_TYPE,
+    attribute_name,
+    command_name,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamHeader:
+    """A stream header ("btrfs-stream", version) at ``offset``."""
+
+    offset: int
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class EndOfInput:
+    """The input ended cleanly after a complete stream, at ``offset``."""
+
+    offset: int
+
+
+class NeedData:
+    """Returned when the next event needs more input."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+NEED_DATA = NeedData()
+Event = StreamHeader | Command | EndOfInput
+
+# The header of the stream's next command is the start of a new stream header:
+# what a restarted send ioctl leaves behind (see FORMAT.md).
+RESTART_LENGTH = int.from_bytes(STREAM_MAGIC[:4], "little")
+
+_HDR_CRC_CACHE_MAX = 1 << 16
+_unpack_cmd = COMMAND_HEADER.unpack_from
+_unpack_tlv = TLV_HEADER.unpack_from
+_unpack_type = TLV_TYPE.unpack_from
+_pack_cmd = COMMAND_HEADER.pack
+
+# Per version: known attribute number -> fixed value size (None: variable).
+_ATTR_SIZES: dict[int, dict[int, int | None]] = {
+    v: {n: a.size for n, a in ATTRIBUTES.items() if n <= MAX_ATTRIBUTE[v]} for v in range(1, MAX_VERSION + 1)
+}
+# Per version: known command number -> required attribute numbers.
+_REQUIRED: dict[int, dict[int, frozenset[int]]] = {
+    v: {n: frozenset(s.required) for n, s in COMMANDS.items() if n <= MAX_COMMAND[v]}
+    for v in range(1, MAX_VERSION + 1)
+}
+
+
+def default_max_command_size(version: int) -> int:
+    """The largest payload the kernel can write in a stream of ``version``."""
+    return SEND_BUF_SIZE[min(max(version, 1), MAX_VERSION)]
+
+
+class Framer:
+    """Finds and checks one event at a time in a window its caller owns.
+
+    :meth:`step` returns ``(event, new_pos, 0)`` or ``(NEED_DATA, pos,
+    bytes_needed_from_pos)``, or raises :class:`~sendstream.errors.FormatError`.
+    Values in returned commands are memoryviews into the caller's window.
+    """
+
+    def __init__(
+        self, *, strict: bool = False, keep_going: bool = False, max_command_size: int | None = None
+    ) -> None:
+        self.strict = strict
+        # With keep_going, a framed command that fails its checks is recorded
+        # in ``problems`` and returned raw, so checking goes on after it.
+        self.keep_going = keep_going
+        self.max_command_size = max_command_size
+        self.version = 0  # 0: a stream header is expected next
+        self.streams = 0
+        self.commands = 0
+        self.bytes = 0
+        self.problems: list[e.FormatError] = []
+        self._limit = 0
+        self._hdr_crc: dict[int, int] = {}
+
+    def step(self, mv: memoryview, pos: int, eof: bool, origin: int) -> tuple[Event | NeedData, int, int]:
+        if self.version:
+            return self._command(mv, pos, eof, origin)
+        return self._stream_header(mv, pos, eof, origin)
+
+    def _stream_header(self, mv: memoryview, pos: int, eof: bool, origin: int) -> tuple[Event | NeedData, int, int]:
+        avail = len(mv) - pos
+        offset = origin + pos
+        if avail < STREAM_HEADER_SIZE:
+            if not eof:
+                if bytes(mv[pos:]) == STREAM_MAGIC[:avail]:
+                    return NEED_DATA, pos, STREAM_HEADER_SIZE
+                return self._bad_start(mv, pos, offset)
+            if avail == 0:
+                if self.streams:
+                    return EndOfInput(offset), pos, 0
+                raise e.TruncatedStream("the input is empty", offset=offset, expected="a stream header")
+            if bytes(mv[pos:]) == STREAM_MAGIC[:avail]:
+                raise e.TruncatedStream(
+                    "the input ends inside a stream header",
+                    offset=offset,
+                    expected=f"{STREAM_HEADER_SIZE} bytes",
+                    actual=avail,
+                )
+            return self._bad_start(mv, pos, offset)
+        magic, version = STREAM_HEADER.unpack_from(mv, pos)
+        if magic != STREAM_MAGIC:
+            return self._bad_start(mv, pos, offset)
+        if not 1 <= version <= MAX_VERSION:
+            raise e.BadStreamHeader(
+                "unsupported stream version", offset=offset, expected=f"1 to {MAX_VERSION}", actual=version
+            )
+        self.version = version
+        self._limit = self.max_command_size or default_max_command_size(version)
+        self.streams += 1
+        self.bytes += STREAM_HEADER_SIZE
+        return StreamHeader(offset, version), pos + STREAM_HEADER_SIZE, 0
+
+    def _bad_start(self, mv: memoryview, pos: int, offset: int) -> tuple[Event | NeedData, int, int]:
+        if self.streams:
+            raise e.TrailingData(
+                f"{len(mv) - pos}+ bytes after the END of stream {self.streams}",
+                offset=offset,
+                expected="end of input or another stream header",
+                actual=repr(bytes(mv[pos : pos + 16])),
+            )
+        raise e.BadStreamHeader(
+            "not a btrfs send stream",
+            offset=offset,
+            expected=repr(STREAM_MAGIC),
+            actual=repr(bytes(mv[pos : pos + len(STREAM_MAGIC)])),
+        )
+
+    def _command(self, mv: memoryview, pos: int, eof: bool, origin: int) -> tuple[Event | NeedData, int, int]:
+        avail = len(mv) - pos
+        if avail < COMMAND_HEADER_SIZE:
+            if eof:
+                self._truncated(origin + pos, COMMAND_HEADER_SIZE, avail)
+            return NEED_DATA, pos, COMMAND_HEADER_SIZE
+        length, cmd, crc = _unpack_cmd(mv, pos)
+        if length > self._limit:
+            self._too_large(mv, pos, origin, length, cmd)
+        total = COMMAND_HEADER_SIZE + length
+        if avail < total:
+            if eof:
+                self._truncated(origin + pos, total, avail, cmd)
+            return NEED_DATA, pos, total
+        start = pos + COMMAND_HEADER_SIZE
+        end = pos + total
+        try:
+            command = self._check(mv, pos, start, end, origin, length, cmd, crc)
+        except e.FormatError as exc:
+            if not self.keep_going:
+                raise
+            self.problems.append(exc)
+            command = Command(cmd, None, payload=mv[start:end], offset=origin + pos, index=self.commands, crc=crc)
+        self.commands += 1
+        self.bytes += total
+        if cmd == C_END:
+            self.version = 0
+        return command, end, 0
+
+    def _check(
+        self, mv: memoryview, pos: int, start: int, end: int, origin: int, length: int, cmd: int, crc: int
+    ) -> Command:
+        key = length << 16 | cmd
+        seed = self._hdr_crc.get(key)
+        if seed is None:
+            if len(self._hdr_crc) >= _HDR_CRC_CACHE_MAX:
+                self._hdr_crc.clear()
+            seed = self._hdr_crc[key] = crc32c(_pack_cmd(length, cmd, 0))
+        actual = crc32c(mv[start:end], seed)
+        index = self.commands
+        if actual != crc:
+            raise e.CrcMismatch(
+                "the command's bytes do not match its crc field",
+                offset=origin + pos,
+                index=index,
+                command=command_name(cmd),
+                expected=f"crc 0x{crc:08x} (from the header)",
+                actual=f"0x{actual:08x}",
+            )
+        required = _REQUIRED[self.version].get(cmd)
+        if required is None:
+            problem = e.UnknownCommand(
+                f"command number {cmd} is not defined in stream version {self.version}",
+                offset=origin + pos,
+                index=index,
+                command=command_name(cmd),
+                expected=f"1 to {MAX_COMMAND[self.version]}",
+                actual=cmd,
+            )
+            if self.strict:
+                raise problem
+            self.problems.append(problem)
+            return Command(cmd, None, payload=mv[start:end], offset=origin + pos, index=index, crc=crc)
+        attrs = self._attributes(mv, start, end, origin, pos, index, cmd, required)
+        return Command(cmd, attrs, offset=origin + pos, index=index, crc=crc)
+
+    def _attributes(
+        self,
+        mv: memoryview,
+        p: int,
+        end: int,
+        origin: int,
+        cmd_pos: int,
+        index: int,
+        cmd: int,
+        required: frozenset[int],
+    ) -> list[tuple[int, memoryview | bytes]]:
+        sizes = _ATTR_SIZES[self.version]
+        data_rest = self.version >= 2
+        attrs: list[tuple[int, memoryview | bytes]] = []
+        seen: set[int] = set()
+        while p < end:
+            if data_rest and end - p >= 2 and _unpack_type(mv, p)[0] == A_DATA:
+                t = A_DATA
+                value = mv[p + 2 : end]
+                tlv_at = p
+                p = end
+            else:
+                if end - p < TLV_HEADER_SIZE:
+                    raise self._attr_error(e.BadAttribute, "the command ends inside an attribute header", origin + p,
+                                           index, cmd, None, f"{TLV_HEADER_SIZE} bytes", end - p)
+                t, n = _unpack_tlv(mv, p)
+                tlv_at = p
+                p += TLV_HEADER_SIZE
+                if p + n > end:
+                    raise self._attr_error(e.BadAttribute, "the attribute runs past the end of its command",
+                                           origin + tlv_at, index, cmd, t, f"at most {end - p} bytes", n)
+                value = mv[p : p + n]
+                p += n
+            if t in seen:
+                raise self._attr_error(e.DuplicateAttribute, "the attribute appears twice", origin + tlv_at, index,
+                                       cmd, t, "each attribute once", None)
+            seen.add(t)
+            if t in sizes:
+                size = sizes[t]
+                if size is not None and len(value) != size:
+                    raise self._attr_error(e.AttributeSize, "the value has the wrong size", origin + tlv_at, index,
+                                           cmd, t, f"{size} bytes", len(value))
+            else:
+                problem = self._attr_error(e.UnknownAttribute,
+                                           f"attribute type {t} is not defined in stream version {self.version}",
+                                           origin + tlv_at, index, cmd, t, f"1 to {MAX_ATTRIBUTE[self.version]}", t)
+                if self.strict:
+                    raise problem
+                self.problems.append(problem)
+            attrs.append((t, value))
+        if not required <= seen:
+            missing = sorted(required - seen)[0]
+            raise self._attr_error(e.MissingAttribute, "a required attribute is absent", origin + cmd_pos, index,
+                                   cmd, missing, "present", None)
+        return attrs
+
+    @staticmethod
+    def _attr_error(
+        cls: type[e.FormatError],
+        message: str,
+        offset: int,
+        index: int,
+        cmd: int,
+        attr: int | None,
+        expected: object,
+        actual: object,
+    ) -> e.FormatError:
+        return cls(
+            message,
+            offset=offset,
+            index=index,
+            command=command_name(cmd),
+            attribute=None if attr is None else attribute_name(attr),
+            expected=expected,
+            actual=actual,
+        )
+
+    def _too_large(self, mv: memoryview, pos: int, origin: int, length: int, cmd: int) -> None:
+        hint = ""
+        if length == RESTART_LENGTH:
+            hint = " (these are the bytes 'btrf': a new stream header where a command should be)"
+        raise e.CommandTooLarge(
+            f"command length {length} is over the limit{hint}",
+            offset=origin + pos,
+            index=self.commands,
+            command=command_name(cmd),
+            expected=f"at most {self._limit} bytes",
+            actual=length,
+        )
+
+    def _truncated(self, offset: int, needed: int, avail: int, cmd: int | None = None) -> None:
+        raise e.TruncatedStream(
+            "the input ends inside a command" if avail else "the input ends before the stream's END command",
+            offset=offset,
+            index=self.commands,
+            command=None if cmd is None else command_name(cmd),
+            expected=f"{needed} bytes" if avail else "another command",
+            actual=f"{avail} bytes" if avail else "end of input",
+        )
+
+
+class Decoder:
+    """Sans-IO send-stream decoder.
+
+    Feed bytes with :meth:`receive_data` (``b""`` means end of input) and
+    call :meth:`next_event` until it returns :data:`NEED_DATA`. Events are
+    :class:`StreamHeader`, :class:`~sendstream.command.Command` (END
+    included) and, once, :class:`EndOfInput`. Several streams may follow
+    each other. ``next_event`` returns an event or raises
+    :class:`~sendstream.errors.FormatError`; anything else is a bug. After an
+    error the decoder stays failed.
+
+    Memory is bounded: a command header's length is checked against
+    ``max_command_size`` (default: the kernel's limit for the stream's
+    version) before its payload is waited for.
+    """
+
+    def __init__(self, *, strict: bool = False, max_command_size: int | None = None, offset: int = 0) -> None:
+        self._framer = Framer(strict=strict, max_command_size=max_command_size)
+        self._data: bytes = b""
+        self._mv = memoryview(self._data)
+        self._pos = 0
+        self._origin = offset  # input offset of _data[0] (or of _pending[0])
+        self._pending = bytearray()  # a partial event being completed
+        self._need = 0
+        self._eof = False
+        self._error: e.FormatError | None = None
+        self._done = False
+
+    @property
+    def framer(self) -> Framer:
+        """Counters (streams, commands, bytes) and lenient-mode problems."""
+        return self._framer
+
+    @property
+    def offset(self) -> int:
+        """Input offset of the next byte not yet turned into an event."""
+        return self._origin + self._pos
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        if self._eof:
+            raise e.UsageError("receive_data() after the end of input")
+        if not data:
+            self._eof = True
+            return
+        if self._pending or self._pos < len(self._data):
+            if not self._pending:
+                self._pending += self._mv[self._pos :]
+                self._origin += self._pos
+                self._reset(b"")
+            self._pending += data
+        else:
+            self._origin += len(self._data)
+            self._reset(bytes(data))
+
+    def _reset(self, data: bytes) -> None:
+        self._data = data
+        self._mv = memoryview(data)
+        self._pos = 0
+
+    def next_event(self) -> Event | NeedData:
+        if self._error is not None:
+            raise self._error
+        if self._done:
+            return NEED_DATA
+        if self._pending:
+            if len(self._pending) < self._need and not self._eof:
+                return NEED_DATA
+            self._reset(bytes(self._pending))
+            self._pending.clear()
+        try:
+            event, pos, need = self._framer.step(self._mv, self._pos, self._eof, self._origin)
+        except e.FormatError as exc:
+            self._error = exc
+            raise
+        self._pos = pos
+        self._need = need
+        if isinstance(event, EndOfInput):
+            self._done = True
+        return event
+
+    def events(self) -> list[Event]:
+        """Every event available now (convenience for tests and small inputs)."""
+        out: list[Event] = []
+        while not isinstance(ev := self.next_event(), NeedData):
+            out.append(ev)
+            if isinstance(ev, EndOfInput):
+                break
+        return out

@@ -1,0 +1,234 @@
+"""Presentation: ``btrfs receive --dump`` text and JSON lines.
+
+Both are pure functions of a command (plus, for the text, the subvolume
+path that earlier subvol/snapshot commands set), so the CLI only writes.
+The text follows btrfs-progs 6.2 ``cmds/receive-dump.c`` byte for byte, with
+two deliberate differences: xattr data is escaped like paths instead of
+printed raw, and every stream of a concatenated input is dumped.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import time
+import uuid
+from typing import Any
+
+from . import errors as e
+from .command import Command
+from .format import ATTRIBUTES, attribute_name, decode_value
+from .format import A as _A
+
+_SPECIAL = {7: b"\\a", 8: b"\\b", 27: b"\\e", 12: b"\\f", 10: b"\\n", 13: b"\\r", 9: b"\\t", 11: b"\\v",
+            32: b"\\ ", 92: b"\\\\"}
+# What string_print_escape_special() prints for each byte in the C locale.
+_ESCAPE = [_SPECIAL.get(b) or (bytes([b]) if 0x20 < b < 0x7F else b"\\%03o" % b) for b in range(256)]
+_NEEDS_ESCAPE = re.compile(rb"[^\x21-\x5b\x5d-\x7e]")
+
+
+def escape(raw: bytes) -> bytes:
+    """Escape a name as btrfs-progs prints it: C escapes, space, octal."""
+    if _NEEDS_ESCAPE.search(raw) is None:
+        return raw
+    return _NEEDS_ESCAPE.sub(lambda m: _ESCAPE[m.group()[0]], raw)
+
+
+def _cstr(raw: Any) -> bytes:
+    # btrfs-progs copies strings into NUL-terminated C strings: a NUL ends them.
+    b = bytes(raw)
+    return b.split(b"\0", 1)[0] if b"\0" in b else b
+
+
+def path_cat(p1: bytes, p2: bytes) -> bytes:
+    """btrfs-progs' path_cat_out(): join with '/', one trailing '/' dropped each."""
+    if p1.endswith(b"/"):
+        p1 = p1[:-1]
+    if p2.endswith(b"/"):
+        p2 = p2[:-1]
+    return p1 + b"/" + p2
+
+
+_time_cache: dict[int, bytes] = {}
+
+
+def format_time(sec: int) -> bytes:
+    """``%Y-%m-%dT%H:%M:%S%z`` in the local zone (TZ is honoured)."""
+    text = _time_cache.get(sec)
+    if text is None:
+        if len(_time_cache) > 4096:
+            _time_cache.clear()
+        text = _time_cache[sec] = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(sec)).encode()
+    return text
+
+
+def _signed(value: int, bits: int) -> int:
+    value &= (1 << bits) - 1
+    return value - (1 << bits) if value >> (bits - 1) else value
+
+
+def _uuid(raw: Any) -> bytes:
+    return str(uuid.UUID(bytes=bytes(raw))).encode()
+
+
+def _u(cmd: Command, name: str) -> int:
+    return int(cmd.get(name))
+
+
+class TextDumper:
+    """Formats commands as ``btrfs receive --dump`` (6.2) lines."""
+
+    def __init__(self) -> None:
+        # receive.c starts both at "."; subvol and snapshot set the second.
+        self.root_path = b"."
+        self.subvol_path = b"."
+
+    def _line(self, title: bytes, path: bytes, fields: bytes | None) -> bytes:
+        shown = escape(path)
+        head = title.ljust(16) + shown
+        if fields is None:
+            return head + b"\n"
+        return head + b" " * max(1, 32 - len(shown)) + fields + b"\n"
+
+    def line(self, cmd: Command) -> bytes:
+        """The text of one command ('' for END and unknown commands)."""
+        try:
+            return self._format(cmd)
+        except (KeyError, ValueError, OverflowError, OSError) as exc:
+            raise e.FormatError(
+                f"cannot print the command: {exc!r}", offset=cmd.offset, index=cmd.index, command=cmd.name
+            ) from None
+
+    def _format(self, cmd: Command) -> bytes:
+        name = cmd.name
+        if cmd.attributes is None or name == "end":
+            return b""
+        get = cmd.raw
+        title = name.encode()
+        if name in ("subvol", "snapshot"):
+            self.subvol_path = path_cat(self.root_path, _cstr(get(_A["path"])))
+            fields = b"uuid=%s transid=%d" % (_uuid(get(_A["uuid"])), _u(cmd, "ctransid"))
+            if name == "snapshot":
+                fields += b" parent_uuid=%s parent_transid=%d" % (
+                    _uuid(get(_A["clone_uuid"])),
+                    _u(cmd, "clone_ctransid"),
+                )
+            return self._line(title, self.subvol_path, fields)
+        path = path_cat(self.subvol_path, _cstr(get(_A["path"])))
+        fields = _FIELDS[name](self, cmd) if name in _FIELDS else None
+        return self._line(title, path, fields)
+
+    def _rename(self, cmd: Command) -> bytes:
+        return b"dest=" + escape(path_cat(self.subvol_path, _cstr(cmd.raw(_A["path_to"]))))
+
+    def _clone(self, cmd: Command) -> bytes:
+        # 6.2 reads CLONE_LEN into an int and prints it as u64 (sign-extended),
+        # and prints the source path raw (later versions escape it).
+        length = _signed(_u(cmd, "clone_len"), 32) & 0xFFFFFFFFFFFFFFFF
+        source = path_cat(self.subvol_path, _cstr(cmd.raw(_A["clone_path"])))
+        return b"offset=%d len=%d from=%s clone_offset=%d" % (
+            _u(cmd, "file_offset"),
+            length,
+            source,
+            _u(cmd, "clone_offset"),
+        )
+
+    def _utimes(self, cmd: Command) -> bytes:
+        return b"atime=%s mtime=%s ctime=%s" % tuple(format_time(cmd.get(k).sec) for k in ("atime", "mtime", "ctime"))
+
+
+def _dest(attr: str) -> Any:
+    number = _A[attr]
+    return lambda d, cmd: b"dest=" + escape(_cstr(cmd.raw(number)))
+
+
+def _data_len(cmd: Command) -> int:
+    return len(cmd.raw(_A["data"]) or b"")
+
+
+_FIELDS: dict[str, Any] = {
+    "mknod": lambda d, c: b"mode=%o dev=0x%x" % (_u(c, "mode"), _u(c, "rdev")),
+    "symlink": _dest("path_link"),
+    "link": _dest("path_link"),
+    "rename": TextDumper._rename,
+    "write": lambda d, c: b"offset=%d len=%d" % (_u(c, "file_offset"), _data_len(c)),
+    "clone": TextDumper._clone,
+    # 6.2 prints xattr data raw; we escape it so a value cannot break the line.
+    "set_xattr": lambda d, c: b"name=%s data=%s len=%d"
+    % (_cstr(c.raw(_A["xattr_name"])), escape(bytes(c.raw(_A["xattr_data"]) or b"")), len(c.raw(_A["xattr_data"]) or b"")),
+    "remove_xattr": lambda d, c: b"name=%s" % _cstr(c.raw(_A["xattr_name"])),
+    "truncate": lambda d, c: b"size=%d" % _u(c, "size"),
+    "chmod": lambda d, c: b"mode=%o" % _u(c, "mode"),
+    "chown": lambda d, c: b"gid=%d uid=%d" % (_u(c, "gid"), _u(c, "uid")),
+    "utimes": TextDumper._utimes,
+    "update_extent": lambda d, c: b"offset=%d len=%d" % (_u(c, "file_offset"), _u(c, "size")),
+    "encoded_write": lambda d, c: (
+        b"offset=%d len=%d, unencoded_file_len=%d, unencoded_len=%d, unencoded_offset=%d, compression=%d, encryption=%d"
+        % (
+            _u(c, "file_offset"),
+            _data_len(c),
+            _u(c, "unencoded_file_len"),
+            _u(c, "unencoded_len"),
+            _u(c, "unencoded_offset"),
+            c.get("compression", 0),
+            c.get("encryption", 0),
+        )
+    ),
+    "fallocate": lambda d, c: b"mode=%d offset=%d len=%d"
+    % (_signed(_u(c, "fallocate_mode"), 32), _u(c, "file_offset"), _u(c, "size")),
+    "fileattr": lambda d, c: b"fileattr=0x%d" % _u(c, "fileattr"),
+    "enable_verity": lambda d, c: b"algorithm=%d block_size=%d salt_len=%d sig_len=%d"
+    % (
+        _u(c, "verity_algorithm"),
+        _u(c, "verity_block_size"),
+        len(c.raw(_A["verity_salt_data"]) or b""),
+        len(c.raw(_A["verity_sig_data"]) or b""),
+    ),
+}
+
+
+def json_bytes(raw: Any) -> Any:
+    """A byte string as JSON: a string if it is UTF-8, else ``{"base64": ...}``."""
+    b = bytes(raw)
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(b).decode("ascii")}
+
+
+def _digest(raw: Any) -> dict[str, Any]:
+    return {"len": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+
+
+def json_value(number: int, raw: Any) -> Any:
+    """An attribute value as JSON: typed, file data as length and sha256."""
+    spec = ATTRIBUTES.get(number)
+    if spec is None:
+        return {"base64": base64.b64encode(bytes(raw)).decode("ascii")}
+    if number == _A["data"]:
+        return _digest(raw)
+    value = decode_value(spec.kind, memoryview(raw))
+    if spec.kind == "uuid":
+        return str(value)
+    if spec.kind == "timespec":
+        return {"sec": value.sec, "nsec": value.nsec}
+    if spec.kind in ("string", "bytes"):
+        return json_bytes(value)
+    return value
+
+
+def json_object(cmd: Command, stream: int, version: int) -> dict[str, Any]:
+    """One command as a JSON-ready dict: offset, index, name, typed attributes."""
+    obj: dict[str, Any] = {"offset": cmd.offset, "index": cmd.index, "stream": stream, "version": version,
+                           "command": cmd.name}
+    if cmd.attributes is None:
+        obj["payload"] = _digest(cmd.payload or b"")
+    else:
+        obj["attributes"] = {attribute_name(t): json_value(t, v) for t, v in cmd.attributes}
+    return obj
+
+
+def json_line(cmd: Command, stream: int, version: int) -> bytes:
+    return json.dumps(json_object(cmd, stream, version), separators=(",", ":")).encode() + b"\n"

@@ -1,0 +1,78 @@
+"""The writer: commands in, bytes out, with correct CRCs.
+
+Attributes are written in the order the command holds them, so writing what
+the decoder read gives the same bytes back.
+"""
+
+from __future__ import annotations
+
+from . import errors as e
+from .command import Command
+from .crc import crc32c
+from .decoder import EndOfInput, Event, StreamHeader
+from .format import (
+    A_DATA,
+    C_END,
+    COMMAND_HEADER,
+    MAX_VERSION,
+    STREAM_HEADER,
+    STREAM_MAGIC,
+    TLV_HEADER,
+    TLV_TYPE,
+)
+
+_TLV_MAX = 0xFFFF
+
+
+def encode_stream_header(version: int) -> bytes:
+    if not 1 <= version <= MAX_VERSION:
+        raise e.UsageError(f"stream version must be 1 to {MAX_VERSION}, not {version}")
+    return STREAM_HEADER.pack(STREAM_MAGIC, version)
+
+
+def encode_payload(command: Command, version: int) -> list[bytes | memoryview]:
+    """The command's TLV bytes as a list of pieces (data is not copied)."""
+    if command.attributes is None:
+        return [command.payload or b""]
+    pieces: list[bytes | memoryview] = []
+    for t, value in command.attributes:
+        if t == A_DATA and version >= 2:
+            pieces.append(TLV_TYPE.pack(t))
+        else:
+            if len(value) > _TLV_MAX:
+                raise e.UsageError(f"attribute {t} of {command.name}: {len(value)} bytes do not fit a TLV")
+            pieces.append(TLV_HEADER.pack(t, len(value)))
+        pieces.append(value)
+    return pieces
+
+
+def encode_command(command: Command, version: int) -> bytes:
+    """One command with its header and a CRC computed over the result."""
+    pieces = encode_payload(command, version)
+    length = sum(len(p) for p in pieces)
+    out = bytearray(COMMAND_HEADER.pack(length, command.cmd, 0))
+    for p in pieces:
+        out += p
+    COMMAND_HEADER.pack_into(out, 0, length, command.cmd, crc32c(out))
+    return bytes(out)
+
+
+class Encoder:
+    """Turns decoder events (or built commands) back into stream bytes."""
+
+    def __init__(self) -> None:
+        self.version = 0
+
+    def send(self, event: Event) -> bytes:
+        if isinstance(event, StreamHeader):
+            self.version = event.version
+            return encode_stream_header(event.version)
+        if isinstance(event, EndOfInput):
+            return b""
+        if not self.version:
+            raise e.UsageError(f"command {event.name} before a stream header")
+        data = encode_command(event, self.version)
+        if event.cmd == C_END:
+            self.version = 0
+        return data
+

@@ -1,0 +1,117 @@
+"""The one exception hierarchy of sendstream.
+
+Corrupt input (:class:`FormatError` and its leaves) and caller misuse
+(:class:`UsageError`) are separate branches of :class:`SendStreamError`.
+Every format error carries the byte offset, the command index and name, and
+what was expected, plus the exit code the CLI maps it to.
+"""
+
+from __future__ import annotations
+
+# Exit codes, documented in the README; the CLI maps errors to them in one place.
+EXIT_OK = 0
+EXIT_CORRUPT = 1
+EXIT_USAGE = 2
+EXIT_TRUNCATED = 3
+EXIT_IO = 4
+
+
+class SendStreamError(Exception):
+    """Root of every error sendstream raises on purpose."""
+
+    exit_code = EXIT_CORRUPT
+
+
+class UsageError(SendStreamError):
+    """The caller misused the library (not a problem of the stream)."""
+
+    exit_code = EXIT_USAGE
+
+
+class FormatError(SendStreamError):
+    """The stream breaks the send-stream format."""
+
+    exit_code = EXIT_CORRUPT
+    kind = "format error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        offset: int,
+        index: int | None = None,
+        command: str | None = None,
+        attribute: str | None = None,
+        expected: object = None,
+        actual: object = None,
+    ) -> None:
+        self.message = message
+        self.offset = offset
+        self.index = index
+        self.command = command
+        self.attribute = attribute
+        self.expected = expected
+        self.actual = actual
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = f"offset {self.offset}"
+        if self.index is not None:
+            where += f", command #{self.index}"
+        if self.command is not None:
+            where += f" ({self.command})"
+        text = f"{where}: {self.kind}: {self.message}"
+        if self.attribute is not None:
+            text += f" [attribute {self.attribute}]"
+        if self.expected is not None:
+            text += f"; expected {self.expected}"
+            if self.actual is not None:
+                text += f", got {self.actual}"
+        return text
+
+
+class BadStreamHeader(FormatError):
+    kind = "bad stream header"
+
+
+class CommandTooLarge(FormatError):
+    kind = "command too large"
+
+
+class CrcMismatch(FormatError):
+    kind = "crc32c mismatch"
+
+
+class BadAttribute(FormatError):
+    kind = "bad attribute"
+
+
+class DuplicateAttribute(BadAttribute):
+    kind = "duplicate attribute"
+
+
+class UnknownAttribute(BadAttribute):
+    kind = "unknown attribute"
+
+
+class MissingAttribute(BadAttribute):
+    kind = "missing attribute"
+
+
+class AttributeSize(BadAttribute):
+    kind = "bad attribute size"
+
+
+class UnknownCommand(FormatError):
+    kind = "unknown command"
+
+
+class TrailingData(FormatError):
+    kind = "trailing data"
+
+
+class TruncatedStream(FormatError):
+    """The input ended inside a header or command, or before END."""
+
+    exit_code = EXIT_TRUNCATED
+    kind = "truncated stream"
