@@ -121,15 +121,16 @@ class Framer:
         avail = len(mv) - pos
         offset = origin + pos
         if avail < STREAM_HEADER_SIZE:
+            head = bytes(mv[pos : pos + len(STREAM_MAGIC)])
             if not eof:
-                if bytes(mv[pos:]) == STREAM_MAGIC[:avail]:
+                if head == STREAM_MAGIC[: len(head)]:
                     return NEED_DATA, pos, STREAM_HEADER_SIZE
                 return self._bad_start(mv, pos, offset)
             if avail == 0:
                 if self.streams:
                     return EndOfInput(offset), pos, 0
                 raise e.TruncatedStream("the input is empty", offset=offset, expected="a stream header")
-            if bytes(mv[pos:]) == STREAM_MAGIC[:avail]:
+            if head == STREAM_MAGIC[: len(head)]:
                 raise e.TruncatedStream(
                     "the input ends inside a stream header",
                     offset=offset,
@@ -186,7 +187,7 @@ class Framer:
         except e.FormatError as exc:
             if not self.keep_going:
                 raise
-            self.problems.append(exc)
+            self.problems.append(exc.with_traceback(None))
             command = Command(cmd, None, payload=mv[start:end], offset=origin + pos, index=self.commands, crc=crc)
         self.commands += 1
         self.bytes += total

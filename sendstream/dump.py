@@ -80,10 +80,12 @@ def _u(cmd: Command, name: str) -> int:
 class TextDumper:
     """Formats commands as ``btrfs receive --dump`` (6.2) lines."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, raw_xattr_data: bool = False) -> None:
         # receive.c starts both at "."; subvol and snapshot set the second.
         self.root_path = b"."
         self.subvol_path = b"."
+        # True prints xattr data as 6.2 does: raw, up to its first NUL.
+        self.raw_xattr_data = raw_xattr_data
 
     def _line(self, title: bytes, path: bytes, fields: bytes | None) -> bytes:
         shown = escape(path)
@@ -135,6 +137,13 @@ class TextDumper:
             _u(cmd, "clone_offset"),
         )
 
+    def _set_xattr(self, cmd: Command) -> bytes:
+        # 6.2 prints the value raw with %.*s; by default we escape it so a
+        # value cannot break the line.
+        data = bytes(cmd.raw(_A["xattr_data"]) or b"")
+        shown = _cstr(data) if self.raw_xattr_data else escape(data)
+        return b"name=%s data=%s len=%d" % (_cstr(cmd.raw(_A["xattr_name"])), shown, len(data))
+
     def _utimes(self, cmd: Command) -> bytes:
         return b"atime=%s mtime=%s ctime=%s" % tuple(format_time(cmd.get(k).sec) for k in ("atime", "mtime", "ctime"))
 
@@ -155,9 +164,7 @@ _FIELDS: dict[str, Any] = {
     "rename": TextDumper._rename,
     "write": lambda d, c: b"offset=%d len=%d" % (_u(c, "file_offset"), _data_len(c)),
     "clone": TextDumper._clone,
-    # 6.2 prints xattr data raw; we escape it so a value cannot break the line.
-    "set_xattr": lambda d, c: b"name=%s data=%s len=%d"
-    % (_cstr(c.raw(_A["xattr_name"])), escape(bytes(c.raw(_A["xattr_data"]) or b"")), len(c.raw(_A["xattr_data"]) or b"")),
+    "set_xattr": TextDumper._set_xattr,
     "remove_xattr": lambda d, c: b"name=%s" % _cstr(c.raw(_A["xattr_name"])),
     "truncate": lambda d, c: b"size=%d" % _u(c, "size"),
     "chmod": lambda d, c: b"mode=%o" % _u(c, "mode"),

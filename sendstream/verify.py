@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from . import errors as e
-from .decoder import EndOfInput, Framer, NeedData, default_max_command_size
-from .format import COMMAND_HEADER_SIZE, MAX_VERSION, STREAM_HEADER_SIZE
+from .decoder import EndOfInput, Framer, NeedData
 
 BUFFER_SIZE = 8 << 20
 
@@ -40,20 +39,25 @@ class Report:
         return self.problems[0].exit_code if self.problems else e.EXIT_OK
 
 
-def verify_buffer(framer: Framer, mv: memoryview, pos: int, eof: bool, origin: int) -> tuple[int, bool]:
+def verify_buffer(framer: Framer, mv: memoryview, pos: int, eof: bool, origin: int) -> tuple[int, int]:
     """Check every complete event in ``mv[pos:]``.
 
-    Returns where checking stopped (the start of a partial command, or the
-    end) and whether the input is finished. Raises the first
-    :class:`~sendstream.errors.FormatError` unless the framer keeps going.
+    Returns where checking stopped (the start of a partial command) and how
+    many bytes from there the next event needs; 0 when the input is
+    finished. Raises the first :class:`~sendstream.errors.FormatError`
+    unless the framer keeps going.
     """
     step = framer.step
     while True:
-        event, pos, _ = step(mv, pos, eof, origin)
+        event, pos, need = step(mv, pos, eof, origin)
         if event.__class__ is NeedData:
-            return pos, False
+            return pos, need
         if event.__class__ is EndOfInput:
-            return pos, True
+            return pos, 0
+
+
+def _aligned(size: int) -> mmap.mmap:
+    return mmap.mmap(-1, -(-size // mmap.PAGESIZE) * mmap.PAGESIZE)
 
 
 def verify_file(
@@ -65,40 +69,36 @@ def verify_file(
 ) -> Report:
     """Verify a whole input: framing, every CRC, commands and attributes
     known for the version, required attributes and their sizes, END, and
-    no trailing bytes. Memory stays at one buffer whatever the input size.
+    no trailing bytes. Memory stays at one buffer whatever the input size;
+    it grows only for a command larger than the buffer whose length passed
+    the limit check.
     """
     framer = Framer(strict=True, keep_going=keep_going, max_command_size=max_command_size)
-    largest = max_command_size or max(default_max_command_size(v) for v in range(1, MAX_VERSION + 1))
-    size = max(buffer_size, largest + COMMAND_HEADER_SIZE + STREAM_HEADER_SIZE)
-    size = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
-    report = Report()
     started = time.perf_counter()
-    buf = mmap.mmap(-1, size)
-    mv = memoryview(buf)
+    buf = _aligned(buffer_size)
     try:
-        fill = 0
-        origin = 0
-        done = False
-        while not done:
-            n = source.readinto(mv[fill:])  # type: ignore[attr-defined]
-            eof = not n
-            fill += n or 0
-            try:
-                pos, done = verify_buffer(framer, mv[:fill], 0, eof, origin)
-            except e.FormatError as exc:
-                framer.problems.append(exc)
-                break
-            tail = fill - pos
-            if tail:
-                mv[:tail] = mv[pos:fill]
+        fill = origin = 0
+        need = 1
+        while need:
+            if need > len(buf):
+                bigger = _aligned(need)
+                bigger[:fill] = buf[:fill]
+                buf.close()
+                buf = bigger
+            with memoryview(buf) as mv:
+                n = source.readinto(mv[fill:])  # type: ignore[attr-defined]
+                fill += n or 0
+                try:
+                    pos, need = verify_buffer(framer, mv[:fill], 0, not n, origin)
+                except e.FormatError as exc:
+                    # without its traceback the error holds no view of the buffer
+                    framer.problems.append(exc.with_traceback(None))
+                    break
+                tail = fill - pos
+                if tail:
+                    mv[:tail] = mv[pos:fill]
             origin += pos
             fill = tail
     finally:
-        mv.release()
         buf.close()
-    report.streams = framer.streams
-    report.commands = framer.commands
-    report.bytes = framer.bytes
-    report.problems = framer.problems
-    report.seconds = time.perf_counter() - started
-    return report
+    return Report(framer.streams, framer.commands, framer.bytes, time.perf_counter() - started, framer.problems)

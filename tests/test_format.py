@@ -1,0 +1,97 @@
+"""The construct declarations, the structs derived from them, and the CRC."""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from pathlib import Path
+
+import construct as c
+import pytest
+from conftest import END, decode
+
+from sendstream import Command, Timespec, crc32c, encode_command, reference_crc32c
+from sendstream import format as f
+from sendstream.crc import _ref_crc32c
+
+
+def test_structs_are_derived_from_the_declarations() -> None:
+    assert f.STREAM_HEADER.format == "<13sL" and f.STREAM_HEADER.size == f.StreamHeader.sizeof() == 17
+    assert f.COMMAND_HEADER.format == "<LHL" and f.COMMAND_HEADER.size == f.CommandHeader.sizeof() == 10
+    assert f.TLV_HEADER.format == "<HH" and f.TLV_HEADER.size == f.TlvHeader.sizeof() == 4
+    with pytest.raises(TypeError):
+        f.struct_of(c.Struct("x" / c.GreedyBytes))
+
+
+def test_tables_follow_send_h() -> None:
+    assert [f.COMMANDS[n].name for n in (1, 15, 21, 22, 23, 24, 25, 26)] == [
+        "subvol", "write", "end", "update_extent", "fallocate", "fileattr", "encoded_write", "enable_verity",
+    ]
+    assert max(n for n, s in f.COMMANDS.items() if s.version == 1) == f.MAX_COMMAND[1] == 22
+    assert max(n for n, s in f.COMMANDS.items() if s.version <= 2) == f.MAX_COMMAND[2] == 25
+    assert max(n for n, a in f.ATTRIBUTES.items() if a.version == 1) == f.MAX_ATTRIBUTE[1] == 24
+    assert max(n for n, a in f.ATTRIBUTES.items() if a.version <= 2) == f.MAX_ATTRIBUTE[2] == 31
+    assert f.ATTRIBUTES[9].size == 12 and f.ATTRIBUTES[1].size == 16 and f.ATTRIBUTES[32].size == 1
+    assert f.ATTRIBUTES[15].size is None
+
+
+def test_end_is_the_constant_the_kernel_writes() -> None:
+    assert encode_command(Command(21, []), 1) == END == bytes.fromhex("00000000" "1500" "506cc99d")
+
+
+def test_construct_and_the_fast_decoder_agree(stream_path: Path) -> None:
+    """Every command parsed by the construct declaration equals the decoder's view."""
+    data = stream_path.read_bytes()
+    version = 0
+    for event in decode(data):
+        if event[0] == "hdr":
+            version = event[2]
+            parsed = f.StreamHeader.parse(data[event[1] : event[1] + 17])
+            assert parsed.version == version
+        elif event[0] == "cmd":
+            _, offset, _, cmd, crc, attrs, payload = event
+            length = struct.unpack_from("<L", data, offset)[0]
+            parsed = f.command(version).parse(data[offset : offset + 10 + length])
+            assert (parsed.len, parsed.cmd, parsed.crc) == (length, cmd, crc)
+            assert [(a.type, a.value) for a in parsed.attributes] == list(attrs)
+
+
+def test_crc_fast_path_matches_crcmod_on_every_command(stream_path: Path) -> None:
+    data = stream_path.read_bytes()
+    checked = 0
+    for event in decode(data):
+        if event[0] != "cmd":
+            continue
+        offset, stored = event[1], event[4]
+        length = struct.unpack_from("<L", data, offset)[0]
+        raw = bytearray(data[offset : offset + 10 + length])
+        raw[6:10] = b"\0\0\0\0"
+        assert crc32c(raw) == reference_crc32c(bytes(raw)) == _ref_crc32c(raw) == stored
+        # chaining gives the same value as one call
+        assert crc32c(raw[7:], crc32c(raw[:7])) == stored
+        checked += 1
+    assert checked > 2
+
+
+def test_the_standard_crc32c_is_not_the_btrfs_one() -> None:
+    import crc32c as hw
+
+    assert hw.crc32c(b"123456789") == 0xE3069283
+    assert crc32c(b"123456789") != 0xE3069283
+    assert crc32c(b"123456789") == reference_crc32c(b"123456789")
+
+
+def test_typed_values_and_build() -> None:
+    u = uuid.UUID("cd9bea4b-3404-de43-8430-8cb55767575c")
+    cmd = Command.build(
+        "utimes",
+        [("path", b"a\xffb"), ("atime", Timespec(-5, 7)), ("mtime", Timespec(1, 2)), ("ctime", Timespec(3, 4))],
+    )
+    assert cmd.get("atime") == Timespec(-5, 7)
+    assert cmd.get("path") == b"a\xffb"
+    snap = Command.build("subvol", {"path": b"s", "uuid": u, "ctransid": 9})
+    assert snap.get("uuid") == u and snap.get("ctransid") == 9
+    assert snap.values() == {"path": b"s", "uuid": u, "ctransid": 9}
+    assert snap.get("ino", None) is None
+    with pytest.raises(KeyError):
+        snap.get("ino")
