@@ -102,8 +102,7 @@ def verify(stream: str, keep_going: bool, quiet: bool, verbose: bool, max_comman
         status = "OK" if report.ok else f"FAILED ({len(report.problems)} problem{'s' * (len(report.problems) != 1)})"
         click.echo(
             f"{status}: {report.streams} stream{'s' * (report.streams != 1)}, {report.commands} commands, "
-            f"{report.bytes} bytes in {report.seconds:.3f} s ({rate:.1f} MB/s)",
-            err=True,
+            f"{report.bytes} bytes in {report.seconds:.3f} s ({rate:.1f} MB/s)"
         )
     sys.exit(report.exit_code)
 

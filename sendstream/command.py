@@ -33,7 +33,7 @@ class Command:
     among the commands of the input) and ``crc`` are set by the decoder.
     """
 
-    __slots__ = ("cmd", "attributes", "payload", "offset", "index", "crc")
+    __slots__ = ("attributes", "cmd", "crc", "index", "offset", "payload")
 
     def __init__(
         self,

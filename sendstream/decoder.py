@@ -78,8 +78,7 @@ _ATTR_SIZES: dict[int, dict[int, int | None]] = {
 }
 # Per version: known command number -> required attribute numbers.
 _REQUIRED: dict[int, dict[int, frozenset[int]]] = {
-    v: {n: frozenset(s.required) for n, s in COMMANDS.items() if n <= MAX_COMMAND[v]}
-    for v in range(1, MAX_VERSION + 1)
+    v: {n: frozenset(s.required) for n, s in COMMANDS.items() if n <= MAX_COMMAND[v]} for v in range(1, MAX_VERSION + 1)
 }
 
 
@@ -96,9 +95,7 @@ class Framer:
     Values in returned commands are memoryviews into the caller's window.
     """
 
-    def __init__(
-        self, *, strict: bool = False, keep_going: bool = False, max_command_size: int | None = None
-    ) -> None:
+    def __init__(self, *, strict: bool = False, keep_going: bool = False, max_command_size: int | None = None) -> None:
         self.strict = strict
         # With keep_going, a framed command that fails its checks is recorded
         # in ``problems`` and returned raw, so checking goes on after it.
@@ -255,37 +252,84 @@ class Framer:
                 p = end
             else:
                 if end - p < TLV_HEADER_SIZE:
-                    raise self._attr_error(e.BadAttribute, "the command ends inside an attribute header", origin + p,
-                                           index, cmd, None, f"{TLV_HEADER_SIZE} bytes", end - p)
+                    raise self._attr_error(
+                        e.BadAttribute,
+                        "the command ends inside an attribute header",
+                        origin + p,
+                        index,
+                        cmd,
+                        None,
+                        f"{TLV_HEADER_SIZE} bytes",
+                        end - p,
+                    )
                 t, n = _unpack_tlv(mv, p)
                 tlv_at = p
                 p += TLV_HEADER_SIZE
                 if p + n > end:
-                    raise self._attr_error(e.BadAttribute, "the attribute runs past the end of its command",
-                                           origin + tlv_at, index, cmd, t, f"at most {end - p} bytes", n)
+                    raise self._attr_error(
+                        e.BadAttribute,
+                        "the attribute runs past the end of its command",
+                        origin + tlv_at,
+                        index,
+                        cmd,
+                        t,
+                        f"at most {end - p} bytes",
+                        n,
+                    )
                 value = mv[p : p + n]
                 p += n
             if t in seen:
-                raise self._attr_error(e.DuplicateAttribute, "the attribute appears twice", origin + tlv_at, index,
-                                       cmd, t, "each attribute once", None)
+                raise self._attr_error(
+                    e.DuplicateAttribute,
+                    "the attribute appears twice",
+                    origin + tlv_at,
+                    index,
+                    cmd,
+                    t,
+                    "each attribute once",
+                    None,
+                )
             seen.add(t)
             if t in sizes:
                 size = sizes[t]
                 if size is not None and len(value) != size:
-                    raise self._attr_error(e.AttributeSize, "the value has the wrong size", origin + tlv_at, index,
-                                           cmd, t, f"{size} bytes", len(value))
+                    raise self._attr_error(
+                        e.AttributeSize,
+                        "the value has the wrong size",
+                        origin + tlv_at,
+                        index,
+                        cmd,
+                        t,
+                        f"{size} bytes",
+                        len(value),
+                    )
             else:
-                problem = self._attr_error(e.UnknownAttribute,
-                                           f"attribute type {t} is not defined in stream version {self.version}",
-                                           origin + tlv_at, index, cmd, t, f"1 to {MAX_ATTRIBUTE[self.version]}", t)
+                problem = self._attr_error(
+                    e.UnknownAttribute,
+                    f"attribute type {t} is not defined in stream version {self.version}",
+                    origin + tlv_at,
+                    index,
+                    cmd,
+                    t,
+                    f"1 to {MAX_ATTRIBUTE[self.version]}",
+                    t,
+                )
                 if self.strict:
                     raise problem
                 self.problems.append(problem)
             attrs.append((t, value))
         if not required <= seen:
             missing = sorted(required - seen)[0]
-            raise self._attr_error(e.MissingAttribute, "a required attribute is absent", origin + cmd_pos, index,
-                                   cmd, missing, "present", None)
+            raise self._attr_error(
+                e.MissingAttribute,
+                "a required attribute is absent",
+                origin + cmd_pos,
+                index,
+                cmd,
+                missing,
+                "present",
+                None,
+            )
         return attrs
 
     @staticmethod

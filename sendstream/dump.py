@@ -22,8 +22,18 @@ from .command import Command
 from .format import ATTRIBUTES, attribute_name, decode_value
 from .format import A as _A
 
-_SPECIAL = {7: b"\\a", 8: b"\\b", 27: b"\\e", 12: b"\\f", 10: b"\\n", 13: b"\\r", 9: b"\\t", 11: b"\\v",
-            32: b"\\ ", 92: b"\\\\"}
+_SPECIAL = {
+    7: b"\\a",
+    8: b"\\b",
+    27: b"\\e",
+    12: b"\\f",
+    10: b"\\n",
+    13: b"\\r",
+    9: b"\\t",
+    11: b"\\v",
+    32: b"\\ ",
+    92: b"\\\\",
+}
 # What string_print_escape_special() prints for each byte in the C locale.
 _ESCAPE = [_SPECIAL.get(b) or (bytes([b]) if 0x20 < b < 0x7F else b"\\%03o" % b) for b in range(256)]
 _NEEDS_ESCAPE = re.compile(rb"[^\x21-\x5b\x5d-\x7e]")
@@ -51,17 +61,9 @@ def path_cat(p1: bytes, p2: bytes) -> bytes:
     return p1 + b"/" + p2
 
 
-_time_cache: dict[int, bytes] = {}
-
-
 def format_time(sec: int) -> bytes:
     """``%Y-%m-%dT%H:%M:%S%z`` in the local zone (TZ is honoured)."""
-    text = _time_cache.get(sec)
-    if text is None:
-        if len(_time_cache) > 4096:
-            _time_cache.clear()
-        text = _time_cache[sec] = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(sec)).encode()
-    return text
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(sec)).encode()
 
 
 def _signed(value: int, bits: int) -> int:
@@ -86,6 +88,7 @@ class TextDumper:
         self.subvol_path = b"."
         # True prints xattr data as 6.2 does: raw, up to its first NUL.
         self.raw_xattr_data = raw_xattr_data
+        self._times: dict[int, bytes] = {}
 
     def _line(self, title: bytes, path: bytes, fields: bytes | None) -> bytes:
         shown = escape(path)
@@ -119,8 +122,8 @@ class TextDumper:
                 )
             return self._line(title, self.subvol_path, fields)
         path = path_cat(self.subvol_path, _cstr(get(_A["path"])))
-        fields = _FIELDS[name](self, cmd) if name in _FIELDS else None
-        return self._line(title, path, fields)
+        formatter = _FIELDS.get(name)
+        return self._line(title, path, formatter(self, cmd) if formatter else None)
 
     def _rename(self, cmd: Command) -> bytes:
         return b"dest=" + escape(path_cat(self.subvol_path, _cstr(cmd.raw(_A["path_to"]))))
@@ -144,8 +147,16 @@ class TextDumper:
         shown = _cstr(data) if self.raw_xattr_data else escape(data)
         return b"name=%s data=%s len=%d" % (_cstr(cmd.raw(_A["xattr_name"])), shown, len(data))
 
+    def _time(self, sec: int) -> bytes:
+        text = self._times.get(sec)
+        if text is None:
+            if len(self._times) > 4096:
+                self._times.clear()
+            text = self._times[sec] = format_time(sec)
+        return text
+
     def _utimes(self, cmd: Command) -> bytes:
-        return b"atime=%s mtime=%s ctime=%s" % tuple(format_time(cmd.get(k).sec) for k in ("atime", "mtime", "ctime"))
+        return b"atime=%s mtime=%s ctime=%s" % tuple(self._time(cmd.get(k).sec) for k in ("atime", "mtime", "ctime"))
 
 
 def _dest(attr: str) -> Any:
@@ -183,15 +194,18 @@ _FIELDS: dict[str, Any] = {
             c.get("encryption", 0),
         )
     ),
-    "fallocate": lambda d, c: b"mode=%d offset=%d len=%d"
-    % (_signed(_u(c, "fallocate_mode"), 32), _u(c, "file_offset"), _u(c, "size")),
+    "fallocate": lambda d, c: (
+        b"mode=%d offset=%d len=%d" % (_signed(_u(c, "fallocate_mode"), 32), _u(c, "file_offset"), _u(c, "size"))
+    ),
     "fileattr": lambda d, c: b"fileattr=0x%d" % _u(c, "fileattr"),
-    "enable_verity": lambda d, c: b"algorithm=%d block_size=%d salt_len=%d sig_len=%d"
-    % (
-        _u(c, "verity_algorithm"),
-        _u(c, "verity_block_size"),
-        len(c.raw(_A["verity_salt_data"]) or b""),
-        len(c.raw(_A["verity_sig_data"]) or b""),
+    "enable_verity": lambda d, c: (
+        b"algorithm=%d block_size=%d salt_len=%d sig_len=%d"
+        % (
+            _u(c, "verity_algorithm"),
+            _u(c, "verity_block_size"),
+            len(c.raw(_A["verity_salt_data"]) or b""),
+            len(c.raw(_A["verity_sig_data"]) or b""),
+        )
     ),
 }
 
@@ -228,8 +242,13 @@ def json_value(number: int, raw: Any) -> Any:
 
 def json_object(cmd: Command, stream: int, version: int) -> dict[str, Any]:
     """One command as a JSON-ready dict: offset, index, name, typed attributes."""
-    obj: dict[str, Any] = {"offset": cmd.offset, "index": cmd.index, "stream": stream, "version": version,
-                           "command": cmd.name}
+    obj: dict[str, Any] = {
+        "offset": cmd.offset,
+        "index": cmd.index,
+        "stream": stream,
+        "version": version,
+        "command": cmd.name,
+    }
     if cmd.attributes is None:
         obj["payload"] = _digest(cmd.payload or b"")
     else:

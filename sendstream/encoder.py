@@ -75,4 +75,3 @@ class Encoder:
         if event.cmd == C_END:
             self.version = 0
         return data
-

@@ -18,7 +18,7 @@ def open_input(path: str) -> BinaryIO:
     """A binary file for ``path``; ``-`` is standard input."""
     if path == "-":
         return sys.stdin.buffer
-    return open(path, "rb")  # noqa: SIM115 - closed by the caller
+    return open(path, "rb")
 
 
 def iter_events(source: BinaryIO, decoder: Decoder | None = None, chunk_size: int = CHUNK_SIZE) -> Iterator[Event]:

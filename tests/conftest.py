@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
 import struct
-from collections.abc import Iterable
+import sys
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sendstream import Command, Decoder, EndOfInput, NeedData, StreamHeader, encode_command, encode_stream_header
+from sendstream.dump import TextDumper
+from sendstream.files import iter_events
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+from loopfs import btrfs_loop, require_btrfs
+
+__all__ = ["btrfs_loop"]
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -99,13 +109,36 @@ def need_btrfs_progs() -> None:
 
 
 def need_root_btrfs() -> None:
-    import sys
-
-    sys.path.insert(0, str(ROOT / "tools"))
-    from loopfs import require_btrfs
-
+    need_btrfs_progs()
     reason = require_btrfs()
     if reason:
         pytest.skip(f"needs a real file-backed btrfs: {reason}")
-    if os.geteuid() != 0:
-        pytest.skip("needs root for a loop-device btrfs")
+
+
+@contextlib.contextmanager
+def utc() -> Iterator[None]:
+    """Run in the UTC zone (the stored .dump files were made with TZ=UTC)."""
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = old
+        time.tzset()
+
+
+def first_stream_as_6_2(path: Path) -> bytes:
+    """Our text in btrfs-progs 6.2's exact form: raw xattr data, first stream only."""
+    dumper = TextDumper(raw_xattr_data=True)
+    out = []
+    with path.open("rb") as f:
+        for ev in iter_events(f):
+            if isinstance(ev, Command):
+                out.append(dumper.line(ev))
+                if ev.name == "end":
+                    break
+    return b"".join(out)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import random
 import struct
 from pathlib import Path
@@ -68,7 +69,7 @@ def test_truncation_at_every_command_boundary(stream_path: Path) -> None:
 def test_truncation_inside_commands(stream_path: Path) -> None:
     data = stream_path.read_bytes()
     marks = boundaries(data)
-    for start, end in zip(marks[1:-1], marks[2:], strict=False):
+    for start, end in itertools.pairwise(marks):
         for cut in {start + 1, start + 5, start + 9, (start + end) // 2, end - 1}:
             if start < cut < end:
                 err = check(data[:cut])
@@ -141,8 +142,12 @@ def test_verify_carries_partial_commands_across_reads(stream_path: Path) -> None
     assert whole.ok and whole.bytes == len(data)
     for seed in range(3):
         report = verify_file(Trickle(data, seed))  # type: ignore[arg-type]
-        assert (report.ok, report.streams, report.commands, report.bytes) == (True, whole.streams, whole.commands,
-                                                                              len(data))
+        assert (report.ok, report.streams, report.commands, report.bytes) == (
+            True,
+            whole.streams,
+            whole.commands,
+            len(data),
+        )
 
 
 def test_keep_going_reports_every_damaged_command() -> None:

@@ -11,7 +11,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import BTRFS_READABLE, STREAMS, command_bytes, crafted, need_btrfs_progs, stream_ids
+from conftest import (
+    BTRFS_READABLE,
+    STREAMS,
+    command_bytes,
+    crafted,
+    first_stream_as_6_2,
+    need_btrfs_progs,
+    stream_ids,
+    utc,
+)
 
 from sendstream import Command
 from sendstream.dump import TextDumper, escape, format_time
@@ -27,34 +36,10 @@ def our_dump(path: Path, tz: str, *args: str) -> bytes:
     ).stdout
 
 
-def first_stream_as_6_2(path: Path) -> bytes:
-    """Our text in 6.2's exact form (raw xattr data, first stream only)."""
-    dumper = TextDumper(raw_xattr_data=True)
-    out = []
-    with path.open("rb") as f:
-        for ev in iter_events(f):
-            if isinstance(ev, Command):
-                out.append(dumper.line(ev))
-                if ev.name == "end":
-                    break
-    return b"".join(out)
-
-
 @pytest.mark.parametrize("path", BTRFS_READABLE, ids=stream_ids)
-def test_stored_btrfs_dump_matches(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TZ", "UTC")
-    import time
-
-    time.tzset()
-    from sendstream import dump
-
-    dump._time_cache.clear()
-    try:
+def test_stored_btrfs_dump_matches(path: Path) -> None:
+    with utc():
         assert first_stream_as_6_2(path) == path.with_suffix(".dump").read_bytes()
-    finally:
-        monkeypatch.undo()
-        time.tzset()
-        dump._time_cache.clear()
 
 
 @pytest.mark.parametrize("tz", ZONES)
@@ -63,8 +48,11 @@ def test_live_btrfs_receive_dump_matches(path: Path, tz: str) -> None:
     """The CLI's default text equals btrfs's but for the two deliberate differences."""
     need_btrfs_progs()
     theirs = subprocess.run(
-        ["btrfs", "receive", "--dump"], stdin=path.open("rb"), env=dict(os.environ, TZ=tz),
-        capture_output=True, check=True,
+        ["btrfs", "receive", "--dump"],
+        stdin=path.open("rb"),
+        env=dict(os.environ, TZ=tz),
+        capture_output=True,
+        check=True,
     ).stdout
     ours = our_dump(path, tz)
     with path.open("rb") as f:

@@ -1,0 +1,97 @@
+"""Property-based round trips and a fuzz harness for the decoder.
+
+The fuzz rule (as h11's): any input parses, or raises our FormatError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import uuid
+
+from conftest import STREAMS, crafted, decode
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sendstream import Command, Decoder, Encoder, FormatError, Timespec, encode_command, verify_file
+from sendstream.format import ATTRIBUTES, COMMANDS, MAX_COMMAND
+
+VALUES = {
+    "u8": st.integers(0, 2**8 - 1),
+    "u32": st.integers(0, 2**32 - 1),
+    "u64": st.integers(0, 2**64 - 1),
+    "uuid": st.builds(uuid.UUID, bytes=st.binary(min_size=16, max_size=16)),
+    "timespec": st.builds(Timespec, st.integers(-(2**63), 2**63 - 1), st.integers(0, 2**32 - 1)),
+    "string": st.binary(max_size=300),
+    "bytes": st.binary(max_size=2000),
+}
+
+
+@st.composite
+def commands(draw: st.DrawFn, version: int) -> Command:
+    spec = draw(st.sampled_from([s for n, s in COMMANDS.items() if n <= MAX_COMMAND[version] and s.name != "end"]))
+    names = [ATTRIBUTES[n].name for n in spec.required + spec.optional]
+    if spec.optional:
+        names = names[: len(spec.required) + draw(st.integers(0, len(spec.optional)))]
+    names = draw(st.permutations(names))
+    names = [n for n in names if n != "data"] + [n for n in names if n == "data"]  # DATA last (v2+)
+    return Command.build(spec.name, [(n, draw(VALUES[ATTRIBUTES[_num(n)].kind])) for n in names])
+
+
+def _num(name: str) -> int:
+    return next(n for n, a in ATTRIBUTES.items() if a.name == name)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_generated_commands_round_trip(data: st.DataObject) -> None:
+    version = data.draw(st.sampled_from([1, 2, 3]))
+    cmds = data.draw(st.lists(commands(version), min_size=1, max_size=8))
+    stream = crafted(version, *(encode_command(c, version) for c in cmds))
+    decoder = Decoder(strict=True)
+    decoder.receive_data(stream)
+    decoder.receive_data(b"")
+    events = decoder.events()
+    got = [ev for ev in events if isinstance(ev, Command) and ev.name != "end"]
+    assert got == cmds
+    for mine, theirs in zip(got, cmds, strict=True):
+        assert mine.values() == theirs.values()
+    encoder = Encoder()
+    assert b"".join(encoder.send(ev) for ev in events) == stream
+    assert verify_file(io.BytesIO(stream)).ok
+
+
+SEEDS = [p.read_bytes()[:4000] for p in STREAMS[:4]]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(SEEDS),
+    st.lists(st.tuples(st.integers(0, 3999), st.integers(0, 255)), max_size=6),
+    st.binary(max_size=64),
+    st.integers(1, 4000),
+)
+def test_fuzz_decoder_parses_or_raises_our_error(
+    seed: bytes, edits: list[tuple[int, int]], tail: bytes, cut: int
+) -> None:
+    data = bytearray(seed[:cut])
+    for pos, value in edits:
+        if pos < len(data):
+            data[pos] = value
+    data += tail
+    for strict in (False, True):
+        try:
+            decode(bytes(data), strict=strict)
+        except FormatError as err:
+            assert 0 <= err.offset <= len(data)
+    report = verify_file(io.BytesIO(bytes(data)))
+    assert all(isinstance(p, FormatError) for p in report.problems)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_fuzz_arbitrary_bytes_after_a_header(raw: bytes) -> None:
+    for version in (1, 2, 3):
+        data = b"btrfs-stream\0" + bytes([version, 0, 0, 0]) + raw
+        with contextlib.suppress(FormatError):
+            decode(data)
