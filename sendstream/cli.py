@@ -19,6 +19,7 @@ from .decoder import Decoder, EndOfInput, StreamHeader
 from .dump import TextDumper, json_line
 from .encoder import Encoder
 from .files import atomic_output, iter_events, open_input
+from .scan import PATH
 from .verify import verify_file
 
 _FLUSH_EVERY = 1 << 16
@@ -92,7 +93,7 @@ def dump(stream: str, as_json: bool, strict: bool, max_command_size: int | None)
 def verify(stream: str, keep_going: bool, quiet: bool, verbose: bool, max_command_size: int | None) -> None:
     """Check STREAM (a file or -): framing, CRCs, commands, attributes, END."""
     if verbose:
-        click.echo(f"sendstream: crc32c: {IMPLEMENTATION}; verifier: python", err=True)
+        click.echo(f"sendstream: verifier: {PATH}; crc32c: {IMPLEMENTATION}", err=True)
     with open_input(stream) as source:
         report = verify_file(source, keep_going=keep_going, max_command_size=max_command_size)
     for problem in report.problems:

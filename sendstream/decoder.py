@@ -109,6 +109,23 @@ class Framer:
         self._limit = 0
         self._hdr_crc: dict[int, int] = {}
 
+    @property
+    def limit(self) -> int:
+        """The length limit of the current stream (0 between streams)."""
+        return self._limit if self.version else 0
+
+    def start_stream(self, version: int) -> None:
+        """Expect the commands of a stream of ``version`` next."""
+        self.version = version
+        self._limit = self.max_command_size or default_max_command_size(version)
+
+    def skip(self, commands: int, nbytes: int, *, ended: bool) -> None:
+        """Count commands a batch scanner checked; ``ended``: the last was END."""
+        self.commands += commands
+        self.bytes += nbytes
+        if ended:
+            self.version = 0
+
     def step(self, mv: memoryview, pos: int, eof: bool, origin: int) -> tuple[Event | NeedData, int, int]:
         if self.version:
             return self._command(mv, pos, eof, origin)
@@ -142,8 +159,7 @@ class Framer:
             raise e.BadStreamHeader(
                 "unsupported stream version", offset=offset, expected=f"1 to {MAX_VERSION}", actual=version
             )
-        self.version = version
-        self._limit = self.max_command_size or default_max_command_size(version)
+        self.start_stream(version)
         self.streams += 1
         self.bytes += STREAM_HEADER_SIZE
         return StreamHeader(offset, version), pos + STREAM_HEADER_SIZE, 0

@@ -1,17 +1,101 @@
-"""The file layer: open inputs and outputs, feed the decoder from them."""
+"""The file layer: windows of input for the framer, and safe outputs.
+
+A regular file is read through read-only mappings of the page cache, one
+window at a time (no copy at all); a pipe or socket is read into one reused,
+page-aligned buffer whose partial command at the end moves to the front
+before the next read (only that tail is copied). Either way memory stays at
+one window whatever the input size. Events handed out hold memoryviews into
+the window: they are valid until the next event is asked for.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
-from .decoder import Decoder, EndOfInput, Event, NeedData
+from .decoder import Decoder, EndOfInput, Event, Framer, NeedData
 
 CHUNK_SIZE = 1 << 20
+WINDOW_SIZE = 32 << 20
+_PAGE = mmap.PAGESIZE
+
+
+class Window(NamedTuple):
+    """A view of the input: ``mv[0]`` is at input offset ``origin``."""
+
+    mv: memoryview
+    pos: int
+    eof: bool
+    origin: int
+
+
+def _pages(n: int) -> int:
+    return -(-n // _PAGE) * _PAGE
+
+
+class BufferedWindows:
+    """Windows read with ``readinto`` into a reused page-aligned buffer."""
+
+    def __init__(self, source: BinaryIO, size: int = 8 << 20) -> None:
+        self._source = source
+        self._buf = mmap.mmap(-1, _pages(size))
+        self._fill = 0
+        self._origin = 0
+
+    def advance(self, pos: int, need: int) -> Window:
+        """The next window, after the consumer stopped at ``pos`` needing ``need`` bytes."""
+        tail = self._fill - pos
+        if need > len(self._buf):
+            bigger = mmap.mmap(-1, _pages(need))
+            bigger[:tail] = self._buf[pos : self._fill]
+            self._buf = bigger  # the old buffer goes when its last view does
+        elif tail and pos:
+            self._buf.move(0, pos, tail)
+        self._origin += pos
+        self._fill = tail
+        mv = memoryview(self._buf)
+        n = self._source.readinto(mv[tail:]) or 0  # type: ignore[attr-defined]
+        self._fill += n
+        return Window(mv[: self._fill], 0, n == 0, self._origin)
+
+
+class MappedWindows:
+    """Windows mapped read-only from a regular file, ``size`` bytes at a time."""
+
+    def __init__(self, source: BinaryIO, size: int = WINDOW_SIZE) -> None:
+        self._fd = source.fileno()
+        self._size = size
+        self._base = self._start = source.tell()
+
+    def advance(self, pos: int, need: int) -> Window:
+        offset = self._start + pos
+        start = offset - offset % _PAGE
+        skip = offset - start
+        left = os.fstat(self._fd).st_size - start
+        length = min(max(self._size, _pages(skip + need)), left)
+        if length <= skip:
+            return Window(memoryview(b""), 0, True, offset - self._base)
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        mapped = mmap.mmap(self._fd, length, flags=flags, prot=mmap.PROT_READ, offset=start)
+        self._start = start
+        # the previous mapping is unmapped when the last view into it goes
+        return Window(memoryview(mapped), skip, length == left, start - self._base)
+
+
+def windows_for(source: BinaryIO) -> BufferedWindows | MappedWindows:
+    """Mapped windows for a regular file, buffered ones for anything else."""
+    try:
+        if stat.S_ISREG(os.fstat(source.fileno()).st_mode):
+            return MappedWindows(source)
+    except (AttributeError, OSError, ValueError):
+        pass
+    return BufferedWindows(source)
 
 
 def open_input(path: str) -> BinaryIO:
@@ -21,8 +105,28 @@ def open_input(path: str) -> BinaryIO:
     return open(path, "rb")
 
 
+def file_events(source: BinaryIO, framer: Framer | None = None) -> Iterator[Event]:
+    """Every event of ``source`` up to :class:`EndOfInput`, through windows.
+
+    Command values are views into the current window: use or copy them
+    before asking for the next event.
+    """
+    framer = framer or Framer()
+    windows = windows_for(source)
+    mv, pos, eof, origin = windows.advance(0, 0)
+    step = framer.step
+    while True:
+        event, pos, need = step(mv, pos, eof, origin)
+        if event.__class__ is NeedData:
+            mv, pos, eof, origin = windows.advance(pos, need)
+            continue
+        yield event  # type: ignore[misc]
+        if event.__class__ is EndOfInput:
+            return
+
+
 def iter_events(source: BinaryIO, decoder: Decoder | None = None, chunk_size: int = CHUNK_SIZE) -> Iterator[Event]:
-    """Every event of ``source``, read in chunks, up to :class:`EndOfInput`."""
+    """Every event of ``source`` through a :class:`Decoder` (values stay valid)."""
     decoder = decoder or Decoder()
     while True:
         event = decoder.next_event()

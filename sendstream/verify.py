@@ -1,21 +1,20 @@
 """Whole-buffer verification of send streams.
 
-Input is read into one reused, page-aligned buffer (an anonymous mmap reads
-several times faster than a bytearray here) and every complete command in it
-is framed and checked in one :func:`verify_buffer` call; the partial command
-at the end is moved to the front of the buffer before the next read, so only
-that tail is ever copied.
+Input comes in windows (:mod:`sendstream.files`: mapped page cache for a
+regular file, a reused page-aligned buffer for a pipe) and every complete
+command in a window is framed and checked in one :func:`verify_buffer` call.
 """
 
 from __future__ import annotations
 
-import mmap
 import time
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from . import errors as e
 from .decoder import EndOfInput, Framer, NeedData
+from .files import windows_for
+from .scan import END, NATIVE, NEED, native_scan
 
 BUFFER_SIZE = 8 << 20
 
@@ -45,10 +44,18 @@ def verify_buffer(framer: Framer, mv: memoryview, pos: int, eof: bool, origin: i
     Returns where checking stopped (the start of a partial command) and how
     many bytes from there the next event needs; 0 when the input is
     finished. Raises the first :class:`~sendstream.errors.FormatError`
-    unless the framer keeps going.
+    unless the framer keeps going. Clean commands go through the native
+    scanner when it is built; the framer handles everything else.
     """
     step = framer.step
     while True:
+        if NATIVE and framer.version:
+            pos, status, need, count, nbytes = native_scan(mv, pos, framer.version, framer.limit)
+            framer.skip(count, nbytes, ended=status == END)
+            if status == END:
+                continue
+            if status == NEED and not eof:
+                return pos, need
         event, pos, need = step(mv, pos, eof, origin)
         if event.__class__ is NeedData:
             return pos, need
@@ -56,49 +63,23 @@ def verify_buffer(framer: Framer, mv: memoryview, pos: int, eof: bool, origin: i
             return pos, 0
 
 
-def _aligned(size: int) -> mmap.mmap:
-    return mmap.mmap(-1, -(-size // mmap.PAGESIZE) * mmap.PAGESIZE)
-
-
-def verify_file(
-    source: BinaryIO,
-    *,
-    keep_going: bool = False,
-    max_command_size: int | None = None,
-    buffer_size: int = BUFFER_SIZE,
-) -> Report:
+def verify_file(source: BinaryIO, *, keep_going: bool = False, max_command_size: int | None = None) -> Report:
     """Verify a whole input: framing, every CRC, commands and attributes
     known for the version, required attributes and their sizes, END, and
-    no trailing bytes. Memory stays at one buffer whatever the input size;
-    it grows only for a command larger than the buffer whose length passed
-    the limit check.
+    no trailing bytes. Memory stays at one window whatever the input size.
     """
     framer = Framer(strict=True, keep_going=keep_going, max_command_size=max_command_size)
     started = time.perf_counter()
-    buf = _aligned(buffer_size)
-    try:
-        fill = origin = 0
-        need = 1
-        while need:
-            if need > len(buf):
-                bigger = _aligned(need)
-                bigger[:fill] = buf[:fill]
-                buf.close()
-                buf = bigger
-            with memoryview(buf) as mv:
-                n = source.readinto(mv[fill:])  # type: ignore[attr-defined]
-                fill += n or 0
-                try:
-                    pos, need = verify_buffer(framer, mv[:fill], 0, not n, origin)
-                except e.FormatError as exc:
-                    # without its traceback the error holds no view of the buffer
-                    framer.problems.append(exc.with_traceback(None))
-                    break
-                tail = fill - pos
-                if tail:
-                    mv[:tail] = mv[pos:fill]
-            origin += pos
-            fill = tail
-    finally:
-        buf.close()
+    windows = windows_for(source)
+    pos = need = 0
+    while True:
+        window = windows.advance(pos, need)
+        try:
+            pos, need = verify_buffer(framer, window.mv, window.pos, window.eof, window.origin)
+        except e.FormatError as exc:
+            # without its traceback the error holds no view of the window
+            framer.problems.append(exc.with_traceback(None))
+            break
+        if not need:
+            break
     return Report(framer.streams, framer.commands, framer.bytes, time.perf_counter() - started, framer.problems)

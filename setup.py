@@ -1,0 +1,15 @@
+"""Builds the optional native scanner; without a compiler the install goes on
+without it and sendstream uses its pure-Python path."""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "sendstream._native",
+            ["sendstream/_native.c"],
+            extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        )
+    ]
+)

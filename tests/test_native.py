@@ -1,0 +1,130 @@
+"""The native batch scanner agrees with the Python reference, everywhere."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import subprocess
+import sys
+from array import array
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, boundaries
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sendstream import crc32c, reference_crc32c, verify_file
+from sendstream.decoder import default_max_command_size
+from sendstream.scan import NATIVE, python_scan
+
+if not NATIVE:
+    pytest.skip("the native scanner is not built here (no compiler at install time)", allow_module_level=True)
+
+from sendstream import _native  # type: ignore[attr-defined]
+from sendstream.scan import native_scan
+
+
+def streams_of(data: bytes) -> list[tuple[int, int]]:
+    """(first command offset, version) of each stream in ``data``."""
+    out = []
+    pos = 0
+    while pos < len(data) and data[pos : pos + 13] == b"btrfs-stream\0":
+        version = data[pos + 13]
+        pos += 17
+        out.append((pos, version))
+        end = python_scan(data, pos, version, default_max_command_size(version))
+        pos = end[0]
+    return out
+
+
+def both(data: bytes | bytearray, pos: int, version: int) -> tuple[int, int, int, int, int]:
+    limit = default_max_command_size(version)
+    native = native_scan(bytes(data), pos, version, limit)
+    assert native == python_scan(bytes(data), pos, version, limit)
+    return native
+
+
+def test_every_fixture_scans_the_same(stream_path: Path) -> None:
+    data = stream_path.read_bytes()
+    for start, version in streams_of(data):
+        pos, status, _need, count, nbytes = both(data, start, version)
+        assert status == 1 and count > 1 and nbytes == pos - start
+
+
+def test_splits_at_every_position(stream_path: Path) -> None:
+    """A window ending anywhere stops at the partial command with the same need."""
+    data = stream_path.read_bytes()
+    start, version = streams_of(data)[0]
+    step = max(1, len(data) // 3000)
+    for cut in range(start, len(data), step):
+        both(data[:cut], start, version)
+
+
+def test_corrupted_variants_stop_in_the_same_place(stream_path: Path) -> None:
+    data = stream_path.read_bytes()
+    start, version = streams_of(data)[0]
+    rng = random.Random(stream_path.name)
+    for _ in range(300):
+        damaged = bytearray(data)
+        damaged[rng.randrange(start, len(data))] ^= 1 << rng.randrange(8)
+        both(damaged, start, version)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(sorted(FIXTURES.glob("*.stream"))), st.data())
+def test_differential_fuzz(path: Path, data: st.DataObject) -> None:
+    raw = bytearray(path.read_bytes()[:20000])
+    start, version = streams_of(bytes(path.read_bytes()))[0]
+    for _ in range(data.draw(st.integers(0, 4))):
+        pos = data.draw(st.integers(start, len(raw) - 1))
+        raw[pos] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(start, len(raw)))
+    both(raw[:cut], start, version)
+    both(raw[:cut], start, data.draw(st.sampled_from([1, 2, 3])))
+
+
+def test_arrays_of_offsets_commands_and_lengths() -> None:
+    data = (FIXTURES / "rich-full-v2.stream").read_bytes()
+    marks = boundaries(data)
+    offsets, cmds, lens = array("Q", bytes(8 * 50)), array("H", bytes(2 * 50)), array("I", bytes(4 * 50))
+    assert lens.itemsize == 4
+    pos, status, _, count, _ = native_scan(data, 17, 2, 147456, offsets, cmds, lens, 1000)
+    assert (status, count) == (3, 50)
+    assert list(offsets) == [1000 + m for m in marks[1:51]]
+    assert list(lens) == [int.from_bytes(data[m : m + 4], "little") for m in marks[1:51]]
+    assert list(cmds) == [int.from_bytes(data[m + 4 : m + 6], "little") for m in marks[1:51]]
+    assert pos == marks[51]
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 8, 9, 4095, 24575, 24576, 24577, 100000, 300001])
+def test_native_crc(size: int) -> None:
+    data = os.urandom(size)
+    assert _native.crc32c(data) == crc32c(data) == reference_crc32c(data)
+    half = size // 2
+    assert _native.crc32c(data[half:], _native.crc32c(data[:half])) == crc32c(data)
+
+
+def test_verify_reports_the_same_on_both_paths(tmp_path: Path) -> None:
+    data = bytearray((FIXTURES / "rich-full-v1.stream").read_bytes())
+    marks = boundaries(bytes(data))
+    for m in marks[5:40:7]:
+        data[m + 11] ^= 2
+    bad = tmp_path / "bad.stream"
+    bad.write_bytes(bytes(data))
+    runs = {}
+    for pure in ("", "1"):
+        env = dict(os.environ, SENDSTREAM_PURE=pure)
+        if not pure:
+            env.pop("SENDSTREAM_PURE")
+        result = subprocess.run(
+            [sys.executable, "-m", "sendstream", "verify", "-v", "--keep-going", str(bad)], capture_output=True, env=env
+        )
+        lines = result.stderr.decode().splitlines()
+        runs[pure] = (result.returncode, lines[1:], result.stdout.split(b" in ")[0])
+        assert ("native" in lines[0]) == (not pure)
+    assert runs[""] == runs["1"]
+    assert runs[""][0] == 1 and len(runs[""][1]) == 5
+    in_memory = verify_file(io.BytesIO(bytes(data)), keep_going=True)
+    assert [p.offset for p in in_memory.problems] == [m for m in marks[5:40:7]]

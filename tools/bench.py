@@ -1,0 +1,330 @@
+#!/usr/bin/env python3
+"""Benchmark ``sendstream`` against ``cat`` and ``btrfs receive --dump`` on two real streams.
+
+Usage: ``python3 tools/bench.py [--dir DIR] [--repeat N] [--quick] [--commands N]``
+
+The streams (``bigwrite.stream``, ~1.06 GiB, v2; ``metadata.stream``, ~36 MB,
+724,005 commands, v1) are made and cached by ``tools/make_bench_streams.py``
+(needs root and loop devices the first time).  Every file is read once to warm
+the page cache; then each command is run ``--repeat`` times, interleaved, and
+the best wall time and the highest peak RSS (``ru_maxrss`` from ``os.wait4``)
+are reported as one markdown table per stream.  ``sendstream`` runs with this
+checkout first on ``PYTHONPATH``, so the code measured is the code next to this
+file.  Progress goes to stderr, the report to stdout.  Exits 1 if any measured command fails.  Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import pathlib
+import platform
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+
+TOOLS_DIR = pathlib.Path(__file__).resolve().parent
+REPO = TOOLS_DIR.parent
+DEFAULT_DIR = pathlib.Path("/var/tmp/sendstream-bench")
+STREAMS = ("bigwrite", "metadata")
+QUICK_STREAMS = ("metadata",)
+SUMMARY_RE = re.compile(rb"^(?:OK|FAILED[^:]*): \d+ streams?, (\d+) commands, ", re.M)
+CRC_RE = re.compile(rb"^sendstream: crc32c: .*$", re.M)
+CAT_LABEL = "cat"
+BTRFS_LABEL = "btrfs receive --dump"
+
+
+class BenchError(Exception):
+    """A measured command failed, or a tool is missing."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Tool:
+    """One benchmarked command line: ``argv`` with ``stdin`` from the stream when ``pipe_in``."""
+
+    label: str
+    argv: tuple[str, ...]
+    pipe_in: bool = False
+    capture: bool = False
+
+
+@dataclasses.dataclass
+class Result:
+    """All times, peak RSS and the last output of one tool on one stream."""
+
+    tool: Tool
+    times: list[float] = dataclasses.field(default_factory=list)
+    maxrss_kib: int = 0
+    floor_kib: int = 0
+    output: bytes = b""
+
+    @property
+    def best(self) -> float:
+        """The fastest of the runs (seconds)."""
+        return min(self.times)
+
+
+def log(msg: str) -> None:
+    """Progress message on stderr."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def find_exe(name: str) -> str:
+    """Absolute path of *name*, preferring this interpreter's scripts dir (skips pyenv shims)."""
+    search = os.pathsep.join([sysconfig.get_path("scripts"), os.environ.get("PATH", os.defpath)])
+    path = shutil.which(name, path=search)
+    if path is None:
+        raise BenchError(f"{name} not found in PATH")
+    return os.path.abspath(path)
+
+
+def bench_env() -> dict[str, str]:
+    """Children's environment: this checkout's package first on the path; UTC, C locale."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    # TZ/LC_ALL: the same time formatting work for `btrfs receive --dump` and `sendstream dump`.
+    return dict(os.environ, PYTHONPATH=path, TZ="UTC", LC_ALL="C")
+
+
+def package_path(script: str, env: dict[str, str]) -> str:
+    """Where the console script's interpreter imports ``sendstream`` from, with *env*."""
+    with open(script, "rb") as f:
+        first = f.readline()
+    interp = first[2:].decode(errors="replace").split() if first.startswith(b"#!") else []
+    argv = [*(interp or [sys.executable]), "-c", "import sendstream; print(sendstream.__file__)"]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise BenchError(f"cannot import sendstream with {argv[0]}:\n{proc.stderr}")
+    return os.path.dirname(proc.stdout.strip())
+
+
+def checkout() -> str:
+    """This checkout's commit, noting uncommitted changes to the package."""
+    head = version_of(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
+    dirty = version_of(["git", "-C", str(REPO), "status", "--porcelain", "--", "sendstream"])
+    return head + (" + uncommitted changes in sendstream/" if dirty not in ("", "?") else "")
+
+
+def ensure_streams(directory: pathlib.Path) -> None:
+    """Make (or reuse the cached) benchmark streams in *directory*."""
+    cmd = [sys.executable, str(TOOLS_DIR / "make_bench_streams.py"), str(directory)]
+    log("$ " + " ".join(cmd))
+    proc = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr)
+    if proc.returncode != 0:
+        raise BenchError(f"make_bench_streams.py failed (exit {proc.returncode})")
+
+
+def warm(path: pathlib.Path) -> None:
+    """Read *path* once so every measured run starts from the page cache."""
+    buf = bytearray(1 << 20)
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One finished run: wall seconds, peak RSS (KiB), the parent's RSS floor (KiB) and output."""
+
+    seconds: float
+    maxrss_kib: int
+    floor_kib: int
+    output: bytes
+
+
+def run_once(argv: tuple[str, ...], stdin_path: pathlib.Path | None, env: dict[str, str], capture: bool = False) -> Run:
+    """Run *argv* once, stdout to /dev/null (or captured if *capture*); raise BenchError on failure.
+
+    ``ru_maxrss`` of a child counts the memory of this process at fork time (the
+    kernel keeps the pre-exec high-water mark), so it is never below ``floor_kib``.
+    """
+    with (
+        open(stdin_path or os.devnull, "rb") as stdin,
+        tempfile.TemporaryFile() if capture else open(os.devnull, "wb") as stdout,
+        tempfile.TemporaryFile() as stderr,
+    ):
+        floor = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env)
+        except OSError as exc:
+            raise BenchError(f"cannot run {argv[0]}: {exc}") from exc
+        _, status, usage = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - t0
+        proc.returncode = code = os.waitstatus_to_exitcode(status)
+        output = b""
+        for f in (stdout, stderr) if capture else (stderr,):
+            f.seek(0)
+            output += f.read()
+    if code != 0:
+        shown = " ".join(argv) + (f" < {stdin_path}" if stdin_path else "") + " > /dev/null"
+        raise BenchError(f"command failed (exit {code}): {shown}\n{output.decode(errors='replace')}")
+    return Run(elapsed, usage.ru_maxrss, floor, output)
+
+
+def make_tools(sendstream: str, btrfs: str, cat: str, stream: pathlib.Path) -> list[Tool]:
+    """The command lines measured on *stream*; references first."""
+    s = str(stream)
+    return [
+        Tool(CAT_LABEL, (cat, s)),
+        Tool(BTRFS_LABEL, (btrfs, "receive", "--dump"), pipe_in=True),
+        Tool("sendstream verify", (sendstream, "verify", s), capture=True),
+        Tool("sendstream dump", (sendstream, "dump", s)),
+        Tool("sendstream convert FILE -", (sendstream, "convert", s, "-")),
+    ]
+
+
+def measure(tools: list[Tool], stream: pathlib.Path, repeat: int, env: dict[str, str]) -> list[Result]:
+    """Run every tool *repeat* times (rounds interleaved to spread drift); keep min time, max RSS."""
+    results = [Result(t) for t in tools]
+    for rnd in range(1, repeat + 1):
+        for res in results:
+            run = run_once(res.tool.argv, stream if res.tool.pipe_in else None, env, res.tool.capture)
+            res.times.append(run.seconds)
+            res.maxrss_kib = max(res.maxrss_kib, run.maxrss_kib)
+            res.floor_kib = max(res.floor_kib, run.floor_kib)
+            res.output = run.output
+            log(f"  [{rnd}/{repeat}] {res.tool.label:<26} {run.seconds:8.3f} s  {run.maxrss_kib / 1024:7.1f} MiB")
+    return results
+
+
+def parse_commands(output: bytes) -> int | None:
+    """The command count in ``sendstream verify``'s summary line (stdout or stderr), if any."""
+    m = SUMMARY_RE.search(output)
+    return int(m.group(1)) if m else None
+
+
+def cpu_model() -> str:
+    """The CPU model name from /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "cpu model"):
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def version_of(argv: list[str]) -> str:
+    """First line of a command's output (``--version``), ``""`` if none, ``?`` if it failed."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+    if proc.returncode != 0:
+        return "?"
+    lines = (proc.stdout or proc.stderr).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def fmt_ratio(num: float, den: float) -> str:
+    """``num / den``: two decimals, or two significant digits when small."""
+    if den <= 0:
+        return "-"
+    x = num / den
+    return f"{x:.2f}" if x >= 0.095 else f"{x:.2g}"
+
+
+def fmt_rss(r: Result) -> str:
+    """Peak RSS in MB; ``≤ floor`` when it is not above what the child inherited from us."""
+    mb = r.maxrss_kib * 1024 / 1e6
+    return f"≤ {mb:.1f}" if r.maxrss_kib <= r.floor_kib else f"{mb:.1f}"
+
+
+def table(name: str, stream: pathlib.Path, results: list[Result], commands: int | None, repeat: int) -> str:
+    """A markdown table for one stream."""
+    size = stream.stat().st_size
+    by_label = {r.tool.label: r for r in results}
+    t_btrfs, t_cat = by_label[BTRFS_LABEL].best, by_label[CAT_LABEL].best
+    cmd_text = f"{commands:,} commands" if commands is not None else "commands unknown"
+    lines = [
+        f"### {name}.stream: {size:,} bytes ({size / 2**30:.2f} GiB), {cmd_text}, best of {repeat}",
+        "",
+        "| tool | seconds | MB/s | M commands/s | vs btrfs --dump | vs cat | peak RSS MB |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        t = r.best
+        mcps = f"{commands / t / 1e6:.3f}" if commands is not None and t > 0 else "-"
+        lines.append(
+            f"| `{r.tool.label}` | {t:.3f} | {size / t / 1e6:,.1f} | {mcps} "
+            f"| {fmt_ratio(t_btrfs, t)} | {fmt_ratio(t_cat, t)} | {fmt_rss(r)} |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Command-line options."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--dir", type=pathlib.Path, default=DEFAULT_DIR, help=f"stream cache (default {DEFAULT_DIR})")
+    p.add_argument("--repeat", type=int, default=None, metavar="N", help="runs per command, best kept (default 3)")
+    p.add_argument("--quick", action="store_true", help="metadata stream only, 1 run (smoke test)")
+    p.add_argument("--commands", type=int, default=None, metavar="N", help="metadata stream's command count")
+    args = p.parse_args(argv)
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 3
+    if args.repeat < 1:
+        p.error("--repeat must be >= 1")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    """Run the benchmark; 0 on success, 1 if a command failed."""
+    args = parse_args(argv)
+    directory: pathlib.Path = args.dir.resolve()
+    names = QUICK_STREAMS if args.quick else STREAMS
+    now = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    try:
+        ensure_streams(directory)
+        sendstream, btrfs, cat = find_exe("sendstream"), find_exe("btrfs"), find_exe("cat")
+        env = bench_env()
+        pkg = package_path(sendstream, env)
+        streams = {n: directory / f"{n}.stream" for n in names}
+        for path in streams.values():
+            log(f"warming page cache: {path}")
+            warm(path)
+        # One unmeasured run: reports the CRC implementation and warms Python's caches.
+        first = run_once((sendstream, "verify", "-v", str(streams[names[-1]])), None, env, capture=True)
+        crc = CRC_RE.search(first.output)
+        crc_line = crc.group(0).decode(errors="replace") if crc else "(no crc line)"
+        tables = []
+        for name, path in streams.items():
+            log(f"{name}: {path}")
+            results = measure(make_tools(sendstream, btrfs, cat, path), path, args.repeat, env)
+            verify = next(r for r in results if r.tool.label == "sendstream verify")
+            commands = parse_commands(verify.output)
+            if name == "metadata" and args.commands is not None:
+                commands = args.commands
+            tables.append(table(name, path, results, commands, args.repeat))
+    except BenchError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 1
+
+    print(f"## sendstream benchmark, {now}")
+    print()
+    print(f"- machine: {len(os.sched_getaffinity(0))} CPUs (nproc), {cpu_model()}")
+    print(f"- kernel: {platform.system()} {platform.release()}; Python {platform.python_version()}")
+    print(f"- {version_of([btrfs, '--version'])} ({btrfs}); sendstream: {sendstream} (package: {pkg})")
+    print(f"- checkout: {checkout()}; {crc_line}")
+    print("- wall time best of N runs, page cache warm, stdout to /dev/null; `btrfs receive --dump` reads stdin")
+    print("- MB = 1e6 bytes; ratios are other_time / our_time (> 1: this row is faster)")
+    print(
+        "- peak RSS is `ru_maxrss` from `os.wait4`; a child's value includes this script's own peak at fork"
+        " time, so `≤ X` means the real peak is somewhere below X"
+    )
+    for t in tables:
+        print()
+        print(t)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
