@@ -8,7 +8,8 @@ setup(
         Extension(
             "sendstream._native",
             ["sendstream/_native.c"],
-            extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            extra_compile_args=["-O3", "-std=c11", "-pthread", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            extra_link_args=["-pthread"],
             optional=True,
         )
     ]

@@ -9,9 +9,18 @@
  * always does.
  */
 #define PY_SSIZE_T_CLEAN
+#define _POSIX_C_SOURCE 200809L
 #include <Python.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <pthread.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the native scanner reads little-endian fields in place; big-endian hosts use the Python path"
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <nmmintrin.h>
@@ -180,15 +189,25 @@ static inline uint32_t le32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-/* 1 when the command at p (payload len bytes) passes every check, else 0. */
-static int command_ok(const uint8_t *p, uint32_t len, uint16_t cmd, int version)
+typedef struct {
+    uint64_t seen; /* bitmask of the attribute numbers present */
+    const uint8_t *val[MAX_ATTR];
+    uint32_t len[MAX_ATTR];
+} attrs_t;
+
+/* 1 when the CRC of the command at p (payload len bytes) is right. */
+static int crc_ok(const uint8_t *p, uint32_t len)
 {
     static const uint8_t zero[4];
     uint32_t crc = crc_fn(0, p, 6);
     crc = crc_fn(crc, zero, 4);
     crc = crc_fn(crc, p + CMD_HDR, len);
-    if (crc != le32(p + 6))
-        return 0;
+    return crc == le32(p + 6);
+}
+
+/* The TLV rules; with a, the attribute values are recorded there. */
+static int tlvs_ok(const uint8_t *p, uint32_t len, uint16_t cmd, int version, attrs_t *a)
+{
     if (cmd >= MAX_CMD || !cmd_known[version][cmd])
         return 0;
     const uint8_t *t = p + CMD_HDR, *end = t + len;
@@ -218,9 +237,114 @@ static int command_ok(const uint8_t *p, uint32_t len, uint16_t cmd, int version)
         if (seen & (1ull << type))
             return 0;
         seen |= 1ull << type;
+        if (a) {
+            a->val[type] = t - vlen;
+            a->len[type] = (uint32_t)vlen;
+        }
     }
+    if (a)
+        a->seen = seen;
     return (required[version][cmd] & ~seen) == 0;
 }
+
+
+/* ---- framing, then checking, in two passes ---- */
+
+typedef struct {
+    Py_ssize_t pos, need;
+    int status;
+} stop_t;
+
+/* Frames complete commands from pos, recording where each starts, until END
+ * (included), a partial command (NEED), a length over the limit (STOP) or
+ * cap commands (FULL). */
+static size_t frame(const uint8_t *buf, Py_ssize_t end, Py_ssize_t pos, unsigned long long max_len, size_t cap,
+                    Py_ssize_t *starts, stop_t *stop)
+{
+    size_t n = 0;
+    stop->need = 0;
+    for (;;) {
+        Py_ssize_t avail = end - pos;
+        if (avail < CMD_HDR) {
+            stop->status = ST_NEED;
+            stop->need = CMD_HDR;
+            break;
+        }
+        uint32_t len = le32(buf + pos);
+        if (len > max_len) {
+            stop->status = ST_STOP;
+            break;
+        }
+        Py_ssize_t total = CMD_HDR + (Py_ssize_t)len;
+        if (avail < total) {
+            stop->status = ST_NEED;
+            stop->need = total;
+            break;
+        }
+        if (n == cap) {
+            stop->status = ST_FULL;
+            break;
+        }
+        starts[n++] = pos;
+        pos += total;
+        if (le16(buf + pos - total + 4) == C_END) {
+            stop->status = ST_END;
+            break;
+        }
+    }
+    stop->pos = pos;
+    return n;
+}
+
+typedef struct {
+    const uint8_t *buf;
+    const Py_ssize_t *starts;
+    size_t from, to, failed;
+    int version;
+} check_job;
+
+static void *check_range(void *arg)
+{
+    check_job *j = arg;
+    j->failed = j->to;
+    for (size_t i = j->from; i < j->to; i++) {
+        const uint8_t *p = j->buf + j->starts[i];
+        uint32_t len = le32(p);
+        if (!crc_ok(p, len) || !tlvs_ok(p, len, le16(p + 4), j->version, NULL)) {
+            j->failed = i;
+            break;
+        }
+    }
+    return NULL;
+}
+
+#define PARALLEL_MIN (4 << 20)
+
+/* Index of the first command that fails a check (n when none does). Large
+ * runs are checked by two threads, each on half of the bytes. */
+static size_t check(const uint8_t *buf, const Py_ssize_t *starts, size_t n, Py_ssize_t end_pos, int version)
+{
+    check_job a = {buf, starts, 0, n, n, version};
+    if (n >= 2 && end_pos - starts[0] >= PARALLEL_MIN) {
+        Py_ssize_t half = starts[0] + (end_pos - starts[0]) / 2;
+        size_t split = 1;
+        while (split < n - 1 && starts[split] < half)
+            split++;
+        check_job b = {buf, starts, split, n, n, version};
+        a.to = split;
+        pthread_t thread;
+        if (pthread_create(&thread, NULL, check_range, &b) == 0) {
+            check_range(&a);
+            pthread_join(thread, NULL);
+            return a.failed < split ? a.failed : b.failed;
+        }
+        a.to = n;
+    }
+    check_range(&a);
+    return a.failed;
+}
+
+#define FRAME_BATCH 65536
 
 typedef struct {
     Py_buffer view;
@@ -274,57 +398,479 @@ static PyObject *scan(PyObject *self, PyObject *args, PyObject *kw)
     if (off.have && off.view.len / 8 < cap) cap = off.view.len / 8;
     if (cmds.have && cmds.view.len / 2 < cap) cap = cmds.view.len / 2;
     if (lens.have && lens.view.len / 4 < cap) cap = lens.view.len / 4;
+    Py_ssize_t first = pos;
 
     const uint8_t *buf = in.buf;
-    Py_ssize_t end = in.len, count = 0, need = 0;
-    unsigned long long nbytes = 0;
-    int status = ST_NEED;
+    Py_ssize_t count = 0;
+    Py_ssize_t *starts = PyMem_RawMalloc(FRAME_BATCH * sizeof *starts);
+    if (!starts) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    stop_t stop;
     Py_BEGIN_ALLOW_THREADS
     for (;;) {
-        Py_ssize_t avail = end - pos;
-        if (avail < CMD_HDR) {
-            status = ST_NEED;
-            need = CMD_HDR;
+        size_t room = (size_t)(cap - count) < FRAME_BATCH ? (size_t)(cap - count) : FRAME_BATCH;
+        size_t n = frame(buf, in.len, pos, max_len, room, starts, &stop);
+        size_t ok = check(buf, starts, n, stop.pos, version);
+        for (size_t i = 0; i < ok; i++) {
+            uint32_t len = le32(buf + starts[i]);
+            if (off.have) ((uint64_t *)off.view.buf)[count] = base + (uint64_t)starts[i];
+            if (cmds.have) ((uint16_t *)cmds.view.buf)[count] = le16(buf + starts[i] + 4);
+            if (lens.have) ((uint32_t *)lens.view.buf)[count] = len;
+            count++;
+        }
+        if (ok < n) {
+            stop.status = ST_STOP;
+            stop.pos = starts[ok];
+            stop.need = 0;
             break;
         }
-        const uint8_t *p = buf + pos;
-        uint32_t len = le32(p);
-        uint16_t cmd = le16(p + 4);
-        if (len > max_len) {
-            status = ST_STOP;
+        if (stop.status != ST_FULL || count == cap)
             break;
-        }
-        Py_ssize_t total = CMD_HDR + (Py_ssize_t)len;
-        if (avail < total) {
-            status = ST_NEED;
-            need = total;
-            break;
-        }
-        if (count >= cap) {
-            status = ST_FULL;
-            break;
-        }
-        if (!command_ok(p, len, cmd, version)) {
-            status = ST_STOP;
-            break;
-        }
-        if (off.have) ((uint64_t *)off.view.buf)[count] = base + (uint64_t)pos;
-        if (cmds.have) ((uint16_t *)cmds.view.buf)[count] = cmd;
-        if (lens.have) ((uint32_t *)lens.view.buf)[count] = len;
-        count++;
-        nbytes += (unsigned long long)total;
-        pos += total;
-        if (cmd == C_END) {
-            status = ST_END;
-            break;
-        }
+        pos = stop.pos;
     }
     Py_END_ALLOW_THREADS
-    result = Py_BuildValue("niniK", pos, status, need, count, nbytes);
+    PyMem_RawFree(starts);
+    pos = stop.pos;
+    unsigned long long nbytes = (unsigned long long)(pos - first);
+    result = Py_BuildValue("niniK", pos, stop.status, stop.need, count, nbytes);
 out:
     if (off.have) PyBuffer_Release(&off.view);
     if (cmds.have) PyBuffer_Release(&cmds.view);
     if (lens.have) PyBuffer_Release(&lens.view);
+    PyBuffer_Release(&in);
+    return result;
+}
+
+/* ------------------------------------------------------------------------
+ * `btrfs receive --dump` text (btrfs-progs 6.2), the fast twin of
+ * sendstream/dump.py's TextDumper, which stays the reference: the tests
+ * check both give the same bytes on every fixture and under fuzzing.
+ * ------------------------------------------------------------------------ */
+
+typedef struct {
+    char *buf;
+    size_t len, cap;
+    int failed;
+} out_t;
+
+static void reserve(out_t *o, size_t n)
+{
+    if (o->len + n <= o->cap || o->failed)
+        return;
+    size_t cap = o->cap ? o->cap : 1 << 16;
+    while (cap < o->len + n)
+        cap *= 2;
+    char *b = realloc(o->buf, cap);
+    if (!b) {
+        o->failed = 1;
+        return;
+    }
+    o->buf = b;
+    o->cap = cap;
+}
+
+static void put(out_t *o, const void *s, size_t n)
+{
+    reserve(o, n);
+    if (o->failed)
+        return;
+    memcpy(o->buf + o->len, s, n);
+    o->len += n;
+}
+
+static void puts_(out_t *o, const char *s) { put(o, s, strlen(s)); }
+
+static void putu(out_t *o, unsigned long long v, int base)
+{
+    char tmp[32];
+    int n = snprintf(tmp, sizeof tmp, base == 8 ? "%llo" : base == 16 ? "%llx" : "%llu", v);
+    put(o, tmp, (size_t)n);
+}
+
+static void putd(out_t *o, long long v)
+{
+    char tmp[32];
+    put(o, tmp, (size_t)snprintf(tmp, sizeof tmp, "%lld", v));
+}
+
+static char escaped[256][5]; /* what string_print_escape_special() prints per byte */
+
+static void escape_init(void)
+{
+    for (int b = 0; b < 256; b++) {
+        const char *special = NULL;
+        switch (b) {
+        case '\a': special = "\\a"; break;
+        case '\b': special = "\\b"; break;
+        case 27: special = "\\e"; break;
+        case '\f': special = "\\f"; break;
+        case '\n': special = "\\n"; break;
+        case '\r': special = "\\r"; break;
+        case '\t': special = "\\t"; break;
+        case '\v': special = "\\v"; break;
+        case ' ': special = "\\ "; break;
+        case '\\': special = "\\\\"; break;
+        }
+        if (special)
+            strcpy(escaped[b], special);
+        else if (b > 0x20 && b < 0x7f)
+            escaped[b][0] = (char)b, escaped[b][1] = 0;
+        else
+            snprintf(escaped[b], sizeof escaped[b], "\\%03o", b);
+    }
+}
+
+/* Escaped bytes; returns the printed width. */
+static size_t put_escaped(out_t *o, const uint8_t *s, size_t n)
+{
+    size_t width = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *e = escaped[s[i]];
+        size_t k = e[1] ? strlen(e) : 1;
+        put(o, e, k);
+        width += k;
+    }
+    return width;
+}
+
+/* C-string length: btrfs-progs copies names into NUL-terminated strings. */
+static size_t cstrlen(const uint8_t *s, size_t n)
+{
+    const uint8_t *z = memchr(s, 0, n);
+    return z ? (size_t)(z - s) : n;
+}
+
+/* path_cat_out(): p1 "/" p2, one trailing '/' dropped from each. */
+static void path_cat(out_t *o, const uint8_t *p1, size_t n1, const uint8_t *p2, size_t n2)
+{
+    if (n1 && p1[n1 - 1] == '/')
+        n1--;
+    if (n2 && p2[n2 - 1] == '/')
+        n2--;
+    o->len = 0;
+    put(o, p1, n1);
+    put(o, "/", 1);
+    put(o, p2, n2);
+}
+
+static uint64_t le64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v; /* little-endian hosts only, see the #error above */
+}
+
+static void put_uuid(out_t *o, const uint8_t *u)
+{
+    char tmp[40];
+    snprintf(tmp, sizeof tmp, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+             u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+    put(o, tmp, 36);
+}
+
+typedef struct {
+    int64_t sec[4];
+    char text[4][64];
+    int next;
+} time_cache_t;
+
+/* 0 when the time cannot be shown (the Python path then raises). */
+static int put_time(out_t *o, time_cache_t *tc, const uint8_t *ts)
+{
+    int64_t sec = (int64_t)le64(ts);
+    for (int i = 0; i < 4; i++)
+        if (tc->sec[i] == sec && tc->text[i][0]) {
+            puts_(o, tc->text[i]);
+            return 1;
+        }
+    time_t t = (time_t)sec;
+    struct tm tm;
+    if ((int64_t)t != sec || !localtime_r(&t, &tm))
+        return 0;
+    int slot = tc->next++ & 3;
+    if (!strftime(tc->text[slot], sizeof tc->text[slot], "%Y-%m-%dT%H:%M:%S%z", &tm))
+        return 0;
+    tc->sec[slot] = sec;
+    puts_(o, tc->text[slot]);
+    return 1;
+}
+
+enum {
+    A_UUID = 1, A_CTRANSID = 2, A_SIZE = 4, A_MODE = 5, A_UID = 6, A_GID = 7, A_RDEV = 8, A_CTIME = 9,
+    A_MTIME = 10, A_ATIME = 11, A_XATTR_NAME = 13, A_XATTR_DATA = 14, A_PATH = 15, A_PATH_TO = 16,
+    A_PATH_LINK = 17, A_FILE_OFFSET = 18, A_CLONE_UUID = 20, A_CLONE_CTRANSID = 21, A_CLONE_PATH = 22,
+    A_CLONE_OFFSET = 23, A_CLONE_LEN = 24, A_FALLOCATE_MODE = 25, A_FILEATTR = 26, A_UNENCODED_FILE_LEN = 27,
+    A_UNENCODED_LEN = 28, A_UNENCODED_OFFSET = 29, A_COMPRESSION = 30, A_ENCRYPTION = 31,
+    A_VERITY_ALGORITHM = 32, A_VERITY_BLOCK_SIZE = 33, A_VERITY_SALT_DATA = 34, A_VERITY_SIG_DATA = 35,
+};
+
+static const char *titles[MAX_CMD] = {
+    [1] = "subvol", [2] = "snapshot", [3] = "mkfile", [4] = "mkdir", [5] = "mknod", [6] = "mkfifo",
+    [7] = "mksock", [8] = "symlink", [9] = "rename", [10] = "link", [11] = "unlink", [12] = "rmdir",
+    [13] = "set_xattr", [14] = "remove_xattr", [15] = "write", [16] = "clone", [17] = "truncate",
+    [18] = "chmod", [19] = "chown", [20] = "utimes", [22] = "update_extent", [23] = "fallocate",
+    [24] = "fileattr", [25] = "encoded_write", [26] = "enable_verity",
+};
+
+typedef struct {
+    out_t *o, *subvol, *tmp;
+    time_cache_t *times;
+    int raw_xattr;
+} dumper_t;
+
+#define U64(a) le64(at->val[a])
+#define U32(a) le32(at->val[a])
+#define HAS(a) (at->seen >> (a) & 1)
+
+/* One line for a clean command. 0: the Python path must handle it. */
+static int dump_line(dumper_t *d, uint16_t cmd, const attrs_t *at)
+{
+    out_t *o = d->o;
+    size_t start = o->len;
+    const char *title = titles[cmd];
+    if (!title)
+        return 0;
+    char head[17];
+    snprintf(head, sizeof head, "%-16s", title);
+    put(o, head, strlen(head));
+    const uint8_t *path = at->val[A_PATH];
+    size_t path_len = cstrlen(path, at->len[A_PATH]);
+    size_t width;
+    if (cmd == 1 || cmd == 2) {
+        path_cat(d->subvol, (const uint8_t *)".", 1, path, path_len);
+        width = put_escaped(o, (const uint8_t *)d->subvol->buf, d->subvol->len);
+    } else {
+        path_cat(d->tmp, (const uint8_t *)d->subvol->buf, d->subvol->len, path, path_len);
+        width = put_escaped(o, (const uint8_t *)d->tmp->buf, d->tmp->len);
+    }
+    switch (cmd) {
+    case 3: case 4: case 6: case 7: case 11: case 12:
+        put(o, "\n", 1);
+        return 1;
+    }
+    do
+        put(o, " ", 1);
+    while (++width < 32);
+    switch (cmd) {
+    case 1: case 2:
+        puts_(o, "uuid=");
+        put_uuid(o, at->val[A_UUID]);
+        puts_(o, " transid=");
+        putu(o, U64(A_CTRANSID), 10);
+        if (cmd == 2) {
+            puts_(o, " parent_uuid=");
+            put_uuid(o, at->val[A_CLONE_UUID]);
+            puts_(o, " parent_transid=");
+            putu(o, U64(A_CLONE_CTRANSID), 10);
+        }
+        break;
+    case 5:
+        puts_(o, "mode=");
+        putu(o, U64(A_MODE), 8);
+        puts_(o, " dev=0x");
+        putu(o, U64(A_RDEV), 16);
+        break;
+    case 8: case 10:
+        puts_(o, "dest=");
+        put_escaped(o, at->val[A_PATH_LINK], cstrlen(at->val[A_PATH_LINK], at->len[A_PATH_LINK]));
+        break;
+    case 9:
+        puts_(o, "dest=");
+        path_cat(d->tmp, (const uint8_t *)d->subvol->buf, d->subvol->len, at->val[A_PATH_TO],
+                 cstrlen(at->val[A_PATH_TO], at->len[A_PATH_TO]));
+        put_escaped(o, (const uint8_t *)d->tmp->buf, d->tmp->len);
+        break;
+    case 13: {
+        puts_(o, "name=");
+        put(o, at->val[A_XATTR_NAME], cstrlen(at->val[A_XATTR_NAME], at->len[A_XATTR_NAME]));
+        puts_(o, " data=");
+        const uint8_t *v = at->val[A_XATTR_DATA];
+        uint32_t n = at->len[A_XATTR_DATA];
+        if (d->raw_xattr)
+            put(o, v, cstrlen(v, n));
+        else
+            put_escaped(o, v, n);
+        puts_(o, " len=");
+        putu(o, n, 10);
+        break;
+    }
+    case 14:
+        puts_(o, "name=");
+        put(o, at->val[A_XATTR_NAME], cstrlen(at->val[A_XATTR_NAME], at->len[A_XATTR_NAME]));
+        break;
+    case 15: case 25:
+        puts_(o, "offset=");
+        putu(o, U64(A_FILE_OFFSET), 10);
+        puts_(o, " len=");
+        putu(o, at->len[A_DATA], 10);
+        if (cmd == 25) {
+            puts_(o, ", unencoded_file_len=");
+            putu(o, U64(A_UNENCODED_FILE_LEN), 10);
+            puts_(o, ", unencoded_len=");
+            putu(o, U64(A_UNENCODED_LEN), 10);
+            puts_(o, ", unencoded_offset=");
+            putu(o, U64(A_UNENCODED_OFFSET), 10);
+            puts_(o, ", compression=");
+            putu(o, HAS(A_COMPRESSION) ? U32(A_COMPRESSION) : 0, 10);
+            puts_(o, ", encryption=");
+            putu(o, HAS(A_ENCRYPTION) ? U32(A_ENCRYPTION) : 0, 10);
+        }
+        break;
+    case 16:
+        puts_(o, "offset=");
+        putu(o, U64(A_FILE_OFFSET), 10);
+        puts_(o, " len=");
+        /* 6.2 reads CLONE_LEN into an int and prints it as a u64 */
+        putu(o, (unsigned long long)(long long)(int32_t)(uint32_t)U64(A_CLONE_LEN), 10);
+        puts_(o, " from=");
+        path_cat(d->tmp, (const uint8_t *)d->subvol->buf, d->subvol->len, at->val[A_CLONE_PATH],
+                 cstrlen(at->val[A_CLONE_PATH], at->len[A_CLONE_PATH]));
+        put(o, d->tmp->buf, d->tmp->len);
+        puts_(o, " clone_offset=");
+        putu(o, U64(A_CLONE_OFFSET), 10);
+        break;
+    case 17:
+        puts_(o, "size=");
+        putu(o, U64(A_SIZE), 10);
+        break;
+    case 18:
+        puts_(o, "mode=");
+        putu(o, U64(A_MODE), 8);
+        break;
+    case 19:
+        puts_(o, "gid=");
+        putu(o, U64(A_GID), 10);
+        puts_(o, " uid=");
+        putu(o, U64(A_UID), 10);
+        break;
+    case 20:
+        puts_(o, "atime=");
+        if (!put_time(o, d->times, at->val[A_ATIME]))
+            goto undo;
+        puts_(o, " mtime=");
+        if (!put_time(o, d->times, at->val[A_MTIME]))
+            goto undo;
+        puts_(o, " ctime=");
+        if (!put_time(o, d->times, at->val[A_CTIME]))
+            goto undo;
+        break;
+    case 22:
+        puts_(o, "offset=");
+        putu(o, U64(A_FILE_OFFSET), 10);
+        puts_(o, " len=");
+        putu(o, U64(A_SIZE), 10);
+        break;
+    case 23:
+        puts_(o, "mode=");
+        putd(o, (int32_t)U32(A_FALLOCATE_MODE));
+        puts_(o, " offset=");
+        putu(o, U64(A_FILE_OFFSET), 10);
+        puts_(o, " len=");
+        putu(o, U64(A_SIZE), 10);
+        break;
+    case 24:
+        puts_(o, "fileattr=0x");
+        putu(o, U64(A_FILEATTR), 10);
+        break;
+    case 26:
+        puts_(o, "algorithm=");
+        putu(o, at->val[A_VERITY_ALGORITHM][0], 10);
+        puts_(o, " block_size=");
+        putu(o, U32(A_VERITY_BLOCK_SIZE), 10);
+        puts_(o, " salt_len=");
+        putu(o, at->len[A_VERITY_SALT_DATA], 10);
+        puts_(o, " sig_len=");
+        putu(o, at->len[A_VERITY_SIG_DATA], 10);
+        break;
+    default:
+        goto undo;
+    }
+    put(o, "\n", 1);
+    return 1;
+undo:
+    o->len = start;
+    return 0;
+}
+
+/*
+ * dump_text(buffer, pos, version, max_len, subvol_path, raw_xattr, max_text)
+ *   -> (pos, status, need, count, nbytes, text, subvol_path)
+ * Like scan(), and prints each clean command; FULL once max_text is reached.
+ */
+static PyObject *dump_text(PyObject *self, PyObject *args)
+{
+    Py_buffer in, sv;
+    Py_ssize_t pos, max_text;
+    int version, raw_xattr;
+    unsigned long long max_len;
+    if (!PyArg_ParseTuple(args, "y*niKy*pn", &in, &pos, &version, &max_len, &sv, &raw_xattr, &max_text))
+        return NULL;
+    PyObject *result = NULL;
+    out_t o = {0}, subvol = {0}, tmp = {0};
+    time_cache_t times = {0};
+    if (!configured || version < 1 || version > MAX_VERSION || pos < 0 || pos > in.len) {
+        PyErr_SetString(PyExc_ValueError, "bad version or position, or not configured");
+        goto out;
+    }
+    put(&subvol, sv.buf, (size_t)sv.len);
+    dumper_t d = {&o, &subvol, &tmp, &times, raw_xattr};
+    const uint8_t *buf = in.buf;
+    Py_ssize_t count = 0, first = pos;
+    Py_ssize_t *starts = PyMem_RawMalloc(FRAME_BATCH * sizeof *starts);
+    if (!starts) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    stop_t stop;
+    attrs_t at;
+    Py_BEGIN_ALLOW_THREADS
+    for (;;) {
+        size_t n = frame(buf, in.len, pos, max_len, FRAME_BATCH, starts, &stop);
+        size_t ok = check(buf, starts, n, stop.pos, version), i;
+        for (i = 0; i < ok; i++) {
+            const uint8_t *p = buf + starts[i];
+            uint16_t cmd = le16(p + 4);
+            if ((Py_ssize_t)o.len >= max_text) {
+                stop.status = ST_FULL;
+                break;
+            }
+            tlvs_ok(p, le32(p), cmd, version, &at);
+            if (cmd != C_END && !dump_line(&d, cmd, &at)) {
+                stop.status = ST_STOP;
+                break;
+            }
+            count++;
+        }
+        if (i < n) {
+            if (i == ok)
+                stop.status = ST_STOP;
+            stop.pos = starts[i];
+            stop.need = 0;
+            break;
+        }
+        if (stop.status != ST_FULL)
+            break;
+        pos = stop.pos;
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(starts);
+    pos = stop.pos;
+    unsigned long long nbytes = (unsigned long long)(pos - first);
+    int status = stop.status;
+    Py_ssize_t need = stop.need;
+    if (o.failed || subvol.failed || tmp.failed) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    result = Py_BuildValue("niniKy#y#", pos, status, need, count, nbytes, o.buf ? o.buf : "", (Py_ssize_t)o.len,
+                           subvol.buf, (Py_ssize_t)subvol.len);
+out:
+    free(o.buf);
+    free(subvol.buf);
+    free(tmp.buf);
+    PyBuffer_Release(&sv);
     PyBuffer_Release(&in);
     return result;
 }
@@ -388,6 +934,7 @@ static PyObject *crc32c_py(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_VARARGS | METH_KEYWORDS,
      "Walk and check every complete command from pos; stop at END, a partial or an unusual command."},
+    {"dump_text", dump_text, METH_VARARGS, "Like scan(), printing each clean command as btrfs receive --dump."},
     {"configure", configure, METH_VARARGS, "Load the format tables from sendstream.format."},
     {"crc32c", crc32c_py, METH_VARARGS, "crc32c(data, crc=0): the btrfs CRC-32C."},
     {NULL, NULL, 0, NULL},
@@ -398,6 +945,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "Native ba
 PyMODINIT_FUNC PyInit__native(void)
 {
     crc_init();
+    escape_init();
     shift_init();
     shift_block_init();
 #ifdef HAVE_X86_CRC

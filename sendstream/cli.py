@@ -14,15 +14,14 @@ import click
 
 from . import __version__
 from . import errors as e
+from .command import Command
 from .crc import IMPLEMENTATION
-from .decoder import Decoder, EndOfInput, StreamHeader
+from .decoder import Framer, StreamHeader
 from .dump import TextDumper, json_line
 from .encoder import Encoder
-from .files import atomic_output, iter_events, open_input
+from .files import atomic_output, file_events, open_input
 from .scan import PATH
 from .verify import verify_file
-
-_FLUSH_EVERY = 1 << 16
 
 
 def _max_size_option(f: Any) -> Any:
@@ -58,29 +57,21 @@ def _warn(problems: list[e.FormatError], shown: int) -> int:
 def dump(stream: str, as_json: bool, strict: bool, max_command_size: int | None) -> None:
     """Print every command of STREAM (a file or -), like `btrfs receive --dump`."""
     out = sys.stdout.buffer
-    decoder = Decoder(strict=strict, max_command_size=max_command_size)
+    framer = Framer(strict=strict, max_command_size=max_command_size)
     text = TextDumper()
-    stream_no = 0
+    batch = None if as_json else text.native_batch(out)
     version = 0
-    pending: list[bytes] = []
     warned = 0
     with open_input(stream) as source:
         try:
-            for event in iter_events(source, decoder):
+            for event in file_events(source, framer, batch):
                 if isinstance(event, StreamHeader):
-                    stream_no += 1
                     version = event.version
-                    continue
-                if isinstance(event, EndOfInput):
-                    break
-                pending.append(json_line(event, stream_no, version) if as_json else text.line(event))
-                if len(pending) >= _FLUSH_EVERY:
-                    out.write(b"".join(pending))
-                    pending.clear()
-                if decoder.framer.problems and len(decoder.framer.problems) > warned:
-                    warned = _warn(decoder.framer.problems, warned)
+                elif isinstance(event, Command):
+                    out.write(json_line(event, framer.streams, version) if as_json else text.line(event))
+                    if len(framer.problems) > warned:
+                        warned = _warn(framer.problems, warned)
         finally:
-            out.write(b"".join(pending))
             out.flush()
 
 
@@ -119,11 +110,11 @@ def convert(source: str, target: str, max_command_size: int | None) -> None:
     OUT appears only when the whole input was read without error.
     """
     encoder = Encoder()
-    decoder = Decoder(max_command_size=max_command_size)
+    framer = Framer(max_command_size=max_command_size)
     with open_input(source) as inp, atomic_output(target) as out:
-        for event in iter_events(inp, decoder):
+        for event in file_events(inp, framer):
             out.write(encoder.send(event))
-    _warn(decoder.framer.problems, 0)
+    _warn(framer.problems, 0)
 
 
 def _report(exc: BaseException, show_traceback: bool, err: IO[str]) -> None:

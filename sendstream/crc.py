@@ -1,15 +1,16 @@
 """CRC-32C as btrfs uses it: initial value 0 and no final xor.
 
-crcmod's definition is the reference; the ``crc32c`` package (SSE4.2 or
-ARMv8 CRC instructions, a software table elsewhere) is the fast path, and
-the tests cross-check the two on real streams.
+crcmod's definition is the reference. The fast path is the native module's
+(SSE4.2 or ARMv8 CRC instructions in interleaved lanes) when it is built,
+else the ``crc32c`` package (CPU instructions or its own table); the tests
+cross-check all of them on real streams.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
-import crc32c as _fast
 import crcmod
 
 Buffer = bytes | bytearray | memoryview
@@ -19,15 +20,30 @@ reference_crc32c: Callable[..., int] = crcmod.mkCrcFun(0x11EDC6F41, initCrc=0, r
 """``reference_crc32c(data: bytes, crc=0)``: crcmod's pure definition."""
 
 _MASK = 0xFFFFFFFF
-_standard = _fast.crc32c
 
 
-def crc32c(data: Buffer, crc: int = 0) -> int:
-    """The btrfs CRC of ``data``, continuing from ``crc`` (chainable)."""
-    # The package computes the standard CRC (pre- and post-inverted); feeding
-    # the inverted seed and inverting the result gives the raw CRC.
-    return int(_standard(data, crc ^ _MASK)) ^ _MASK
+def _package() -> tuple[Callable[..., int], str]:
+    import crc32c as package
+
+    standard = package.crc32c
+
+    def crc32c(data: Buffer, crc: int = 0) -> int:
+        # The package computes the standard CRC (pre- and post-inverted):
+        # feeding the inverted seed and inverting the result gives the raw one.
+        return int(standard(data, crc ^ _MASK)) ^ _MASK
+
+    return crc32c, "crc32c package (hardware)" if package.hardware_based else "crc32c package (software)"
 
 
-HARDWARE = bool(_fast.hardware_based)
-IMPLEMENTATION = "crc32c (hardware)" if HARDWARE else "crc32c (software)"
+def _native() -> tuple[Callable[..., int], str] | None:
+    if os.environ.get("SENDSTREAM_PURE"):
+        return None
+    try:
+        from . import _native as native  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return native.crc32c, f"native ({native.CRC})"
+
+
+crc32c, IMPLEMENTATION = _native() or _package()
+"""``crc32c(data, crc=0)``: the btrfs CRC of ``data``, continuing from ``crc`` (chainable)."""

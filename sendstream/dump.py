@@ -15,12 +15,15 @@ import json
 import re
 import time
 import uuid
-from typing import Any
+from typing import Any, BinaryIO
 
 from . import errors as e
 from .command import Command
 from .format import ATTRIBUTES, attribute_name, decode_value
 from .format import A as _A
+from .scan import NATIVE, Batch
+
+_TEXT_BATCH = 1 << 20
 
 _SPECIAL = {
     7: b"\\a",
@@ -89,6 +92,22 @@ class TextDumper:
         # True prints xattr data as 6.2 does: raw, up to its first NUL.
         self.raw_xattr_data = raw_xattr_data
         self._times: dict[int, bytes] = {}
+
+    def native_batch(self, out: BinaryIO) -> Batch | None:
+        """A batch function that prints runs of clean commands natively into
+        ``out`` (None when the native module is not built)."""
+        if not NATIVE:
+            return None
+        from .scan import _native
+
+        def batch(mv: Any, pos: int, version: int, limit: int) -> tuple[int, int, int, int, int]:
+            pos, status, need, count, nbytes, text, self.subvol_path = _native.dump_text(
+                mv, pos, version, limit, self.subvol_path, self.raw_xattr_data, _TEXT_BATCH
+            )
+            out.write(text)
+            return pos, status, need, count, nbytes
+
+        return batch
 
     def _line(self, title: bytes, path: bytes, fields: bytes | None) -> bytes:
         shown = escape(path)

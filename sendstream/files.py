@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import BinaryIO, NamedTuple
 
 from .decoder import Decoder, EndOfInput, Event, Framer, NeedData
+from .scan import END, FULL, NEED, Batch, run_batch
 
 CHUNK_SIZE = 1 << 20
 WINDOW_SIZE = 32 << 20
@@ -105,17 +106,25 @@ def open_input(path: str) -> BinaryIO:
     return open(path, "rb")
 
 
-def file_events(source: BinaryIO, framer: Framer | None = None) -> Iterator[Event]:
+def file_events(source: BinaryIO, framer: Framer | None = None, batch: Batch | None = None) -> Iterator[Event]:
     """Every event of ``source`` up to :class:`EndOfInput`, through windows.
 
     Command values are views into the current window: use or copy them
-    before asking for the next event.
+    before asking for the next event. With ``batch`` (a native scanner),
+    runs of clean commands are handled by it and not yielded.
     """
     framer = framer or Framer()
     windows = windows_for(source)
     mv, pos, eof, origin = windows.advance(0, 0)
     step = framer.step
     while True:
+        if batch is not None and framer.version:
+            pos, status, need = run_batch(framer, batch, mv, pos)
+            if status in (END, FULL):
+                continue
+            if status == NEED and not eof:
+                mv, pos, eof, origin = windows.advance(pos, need)
+                continue
         event, pos, need = step(mv, pos, eof, origin)
         if event.__class__ is NeedData:
             mv, pos, eof, origin = windows.advance(pos, need)

@@ -13,6 +13,7 @@ one command, so errors and reports are the same on both paths.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from .decoder import Framer
@@ -56,6 +57,16 @@ def native_scan(
     or FULL (the arrays are full). Only when :data:`NATIVE`.
     """
     return _native.scan(buf, pos, version, max_len, offsets, cmds, lens, base)  # type: ignore[no-any-return]
+
+
+Batch = Callable[[Any, int, int, int], tuple[int, int, int, int, int]]
+
+
+def run_batch(framer: Framer, batch: Batch, mv: memoryview, pos: int) -> tuple[int, int, int]:
+    """Run a batch function from ``pos`` and count what it checked: ``(pos, status, need)``."""
+    pos, status, need, count, nbytes = batch(mv, pos, framer.version, framer.limit)
+    framer.skip(count, nbytes, ended=status == END)
+    return pos, status, need
 
 
 def python_scan(buf: Any, pos: int, version: int, max_len: int) -> tuple[int, int, int, int, int]:

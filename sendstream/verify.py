@@ -13,8 +13,8 @@ from typing import BinaryIO
 
 from . import errors as e
 from .decoder import EndOfInput, Framer, NeedData
-from .files import windows_for
-from .scan import END, NATIVE, NEED, native_scan
+from .files import file_events
+from .scan import END, NATIVE, NEED, native_scan, run_batch
 
 BUFFER_SIZE = 8 << 20
 
@@ -50,8 +50,7 @@ def verify_buffer(framer: Framer, mv: memoryview, pos: int, eof: bool, origin: i
     step = framer.step
     while True:
         if NATIVE and framer.version:
-            pos, status, need, count, nbytes = native_scan(mv, pos, framer.version, framer.limit)
-            framer.skip(count, nbytes, ended=status == END)
+            pos, status, need = run_batch(framer, native_scan, mv, pos)
             if status == END:
                 continue
             if status == NEED and not eof:
@@ -70,16 +69,10 @@ def verify_file(source: BinaryIO, *, keep_going: bool = False, max_command_size:
     """
     framer = Framer(strict=True, keep_going=keep_going, max_command_size=max_command_size)
     started = time.perf_counter()
-    windows = windows_for(source)
-    pos = need = 0
-    while True:
-        window = windows.advance(pos, need)
-        try:
-            pos, need = verify_buffer(framer, window.mv, window.pos, window.eof, window.origin)
-        except e.FormatError as exc:
-            # without its traceback the error holds no view of the window
-            framer.problems.append(exc.with_traceback(None))
-            break
-        if not need:
-            break
+    try:
+        for _ in file_events(source, framer, native_scan if NATIVE else None):
+            pass
+    except e.FormatError as exc:
+        # without its traceback the error holds no view of the input window
+        framer.problems.append(exc.with_traceback(None))
     return Report(framer.streams, framer.commands, framer.bytes, time.perf_counter() - started, framer.problems)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import construct as c
 import pytest
-from conftest import END, decode
+from conftest import END, FIXTURES, decode
 
 from sendstream import Command, Timespec, crc32c, encode_command, reference_crc32c
 from sendstream import format as f
@@ -83,9 +83,14 @@ def test_crc_fast_path_matches_crcmod_on_every_command(stream_path: Path) -> Non
 def test_the_standard_crc32c_is_not_the_btrfs_one() -> None:
     import crc32c as hw
 
+    from sendstream.crc import _package
+
+    package_crc, _ = _package()
     assert hw.crc32c(b"123456789") == 0xE3069283
     assert crc32c(b"123456789") != 0xE3069283
-    assert crc32c(b"123456789") == reference_crc32c(b"123456789")
+    assert crc32c(b"123456789") == reference_crc32c(b"123456789") == package_crc(b"123456789")
+    data = (FIXTURES / "rich-full-v2.stream").read_bytes()
+    assert package_crc(data[100:], package_crc(data[:100])) == crc32c(data) == reference_crc32c(data)
 
 
 def test_typed_values_and_build() -> None:
