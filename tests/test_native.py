@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, boundaries, crafted
-from test_properties import commands
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_properties import commands
 
 from sendstream import Command, FormatError, crc32c, encode_command, reference_crc32c, verify_file
+from sendstream.decoder import default_max_command_size
 from sendstream.dump import TextDumper
 from sendstream.files import file_events
-from sendstream.decoder import default_max_command_size
 from sendstream.scan import NATIVE, python_scan
 
 if not NATIVE:
