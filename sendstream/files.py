@@ -23,7 +23,7 @@ from .decoder import Decoder, EndOfInput, Event, Framer, NeedData
 from .scan import END, FULL, NEED, Batch, run_batch
 
 CHUNK_SIZE = 1 << 20
-WINDOW_SIZE = 32 << 20
+WINDOW_SIZE = 16 << 20
 _PAGE = mmap.PAGESIZE
 
 

@@ -36,7 +36,7 @@ DEFAULT_DIR = pathlib.Path("/var/tmp/sendstream-bench")
 STREAMS = ("bigwrite", "metadata")
 QUICK_STREAMS = ("metadata",)
 SUMMARY_RE = re.compile(rb"^(?:OK|FAILED[^:]*): \d+ streams?, (\d+) commands, ", re.M)
-CRC_RE = re.compile(rb"^sendstream: crc32c: .*$", re.M)
+CRC_RE = re.compile(rb"^sendstream: verifier: .*$", re.M)
 CAT_LABEL = "cat"
 BTRFS_LABEL = "btrfs receive --dump"
 
