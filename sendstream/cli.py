@@ -20,7 +20,7 @@ from .decoder import Framer, StreamHeader
 from .dump import TextDumper, json_line
 from .encoder import Encoder
 from .files import atomic_output, file_events, open_input
-from .scan import PATH
+from .native import PATH
 from .verify import verify_file
 
 

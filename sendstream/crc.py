@@ -8,10 +8,11 @@ cross-check all of them on real streams.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import crcmod
+
+from . import native
 
 Buffer = bytes | bytearray | memoryview
 
@@ -35,15 +36,5 @@ def _package() -> tuple[Callable[..., int], str]:
     return crc32c, "crc32c package (hardware)" if package.hardware_based else "crc32c package (software)"
 
 
-def _native() -> tuple[Callable[..., int], str] | None:
-    if os.environ.get("SENDSTREAM_PURE"):
-        return None
-    try:
-        from . import _native as native  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return native.crc32c, f"native ({native.CRC})"
-
-
-crc32c, IMPLEMENTATION = _native() or _package()
+crc32c, IMPLEMENTATION = (native.module.crc32c, native.PATH) if native.NATIVE else _package()
 """``crc32c(data, crc=0)``: the btrfs CRC of ``data``, continuing from ``crc`` (chainable)."""

@@ -8,9 +8,11 @@ buffers. Neither touches a file or a socket.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 from . import errors as e
+from . import native
 from .command import Command
 from .crc import crc32c
 from .format import (
@@ -67,6 +69,7 @@ Event = StreamHeader | Command | EndOfInput
 RESTART_LENGTH = int.from_bytes(STREAM_MAGIC[:4], "little")
 
 _HDR_CRC_CACHE_MAX = 1 << 16
+_CLEAN_AHEAD = 1024
 _unpack_cmd = COMMAND_HEADER.unpack_from
 _unpack_tlv = TLV_HEADER.unpack_from
 _unpack_type = TLV_TYPE.unpack_from
@@ -82,6 +85,35 @@ _REQUIRED: dict[int, dict[int, frozenset[int]]] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class _Where:
+    """Where a command sits, for its errors: window origin and position, index, number."""
+
+    origin: int
+    pos: int
+    index: int
+    cmd: int
+
+    def error(
+        self,
+        cls: type[e.FormatError],
+        message: str,
+        at: int,
+        attr: int | None,
+        expected: object,
+        actual: object = None,
+    ) -> e.FormatError:
+        return cls(
+            message,
+            offset=self.origin + at,
+            index=self.index,
+            command=command_name(self.cmd),
+            attribute=None if attr is None else attribute_name(attr),
+            expected=expected,
+            actual=actual,
+        )
+
+
 def default_max_command_size(version: int) -> int:
     """The largest payload the kernel can write in a stream of ``version``."""
     return SEND_BUF_SIZE[min(max(version, 1), MAX_VERSION)]
@@ -95,7 +127,14 @@ class Framer:
     Values in returned commands are memoryviews into the caller's window.
     """
 
-    def __init__(self, *, strict: bool = False, keep_going: bool = False, max_command_size: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        strict: bool = False,
+        keep_going: bool = False,
+        max_command_size: int | None = None,
+        batch: bool = native.NATIVE,
+    ) -> None:
         self.strict = strict
         # With keep_going, a framed command that fails its checks is recorded
         # in ``problems`` and returned raw, so checking goes on after it.
@@ -107,6 +146,12 @@ class Framer:
         self.bytes = 0
         self.problems: list[e.FormatError] = []
         self._limit = 0
+        # With batch, the native scanner checks runs of commands ahead; the
+        # offsets of those found clean wait here and skip the Python checks.
+        self._batch = batch
+        self._clean = array("Q", bytes(8 * _CLEAN_AHEAD))
+        self._clean_in: memoryview | None = None
+        self._clean_next = self._clean_count = 0
         self._hdr_crc: dict[int, int] = {}
 
     @property
@@ -180,6 +225,8 @@ class Framer:
         )
 
     def _command(self, mv: memoryview, pos: int, eof: bool, origin: int) -> tuple[Event | NeedData, int, int]:
+        if self._batch and self._checked_ahead(mv, pos):
+            return self._clean_command(mv, pos, origin)
         avail = len(mv) - pos
         if avail < COMMAND_HEADER_SIZE:
             if eof:
@@ -206,6 +253,27 @@ class Framer:
         self.bytes += total
         if cmd == C_END:
             self.version = 0
+        return command, end, 0
+
+    def _checked_ahead(self, mv: memoryview, pos: int) -> bool:
+        i = self._clean_next
+        if i >= self._clean_count or self._clean_in is not mv or self._clean[i] != pos:
+            self._clean_count = native.native_scan(mv, pos, self.version, self._limit, self._clean)[3]
+            self._clean_in = mv
+            self._clean_next = 0
+        return self._clean_next < self._clean_count
+
+    def _clean_command(self, mv: memoryview, pos: int, origin: int) -> tuple[Command, int, int]:
+        self._clean_next += 1
+        length, cmd, crc = _unpack_cmd(mv, pos)
+        end = pos + COMMAND_HEADER_SIZE + length
+        attrs = self._split(mv, pos + COMMAND_HEADER_SIZE, end, None)
+        command = Command(cmd, attrs, offset=origin + pos, index=self.commands, crc=crc)
+        self.commands += 1
+        self.bytes += end - pos
+        if cmd == C_END:
+            self.version = 0
+            self._clean_in = None
         return command, end, 0
 
     def _check(
@@ -242,132 +310,72 @@ class Framer:
                 raise problem
             self.problems.append(problem)
             return Command(cmd, None, payload=mv[start:end], offset=origin + pos, index=index, crc=crc)
-        attrs = self._attributes(mv, start, end, origin, pos, index, cmd, required)
+        attrs = self._attributes(mv, start, end, _Where(origin, pos, index, cmd), required)
         return Command(cmd, attrs, offset=origin + pos, index=index, crc=crc)
 
-    def _attributes(
-        self,
-        mv: memoryview,
-        p: int,
-        end: int,
-        origin: int,
-        cmd_pos: int,
-        index: int,
-        cmd: int,
-        required: frozenset[int],
+    def _split(
+        self, mv: memoryview, p: int, end: int, where: _Where | None, offsets: list[int] | None = None
     ) -> list[tuple[int, memoryview | bytes]]:
-        sizes = _ATTR_SIZES[self.version]
+        """The TLVs of a payload, in order; ``offsets`` gets where each starts.
+
+        ``where`` is None for commands the native scanner found clean, which
+        cannot fail here."""
+        where = where or _Where(0, p, self.commands, 0)
         data_rest = self.version >= 2
         attrs: list[tuple[int, memoryview | bytes]] = []
-        seen: set[int] = set()
         while p < end:
+            if offsets is not None:
+                offsets.append(p)
             if data_rest and end - p >= 2 and _unpack_type(mv, p)[0] == A_DATA:
-                t = A_DATA
-                value = mv[p + 2 : end]
-                tlv_at = p
-                p = end
-            else:
-                if end - p < TLV_HEADER_SIZE:
-                    raise self._attr_error(
-                        e.BadAttribute,
-                        "the command ends inside an attribute header",
-                        origin + p,
-                        index,
-                        cmd,
-                        None,
-                        f"{TLV_HEADER_SIZE} bytes",
-                        end - p,
-                    )
-                t, n = _unpack_tlv(mv, p)
-                tlv_at = p
-                p += TLV_HEADER_SIZE
-                if p + n > end:
-                    raise self._attr_error(
-                        e.BadAttribute,
-                        "the attribute runs past the end of its command",
-                        origin + tlv_at,
-                        index,
-                        cmd,
-                        t,
-                        f"at most {end - p} bytes",
-                        n,
-                    )
-                value = mv[p : p + n]
-                p += n
-            if t in seen:
-                raise self._attr_error(
-                    e.DuplicateAttribute,
-                    "the attribute appears twice",
-                    origin + tlv_at,
-                    index,
-                    cmd,
-                    t,
-                    "each attribute once",
+                attrs.append((A_DATA, mv[p + 2 : end]))
+                break
+            if end - p < TLV_HEADER_SIZE:
+                raise where.error(
+                    e.BadAttribute,
+                    "the command ends inside an attribute header",
+                    p,
                     None,
+                    f"{TLV_HEADER_SIZE} bytes",
+                    end - p,
                 )
+            t, n = _unpack_tlv(mv, p)
+            if p + TLV_HEADER_SIZE + n > end:
+                raise where.error(
+                    e.BadAttribute, "the attribute runs past the end of its command", p, t,
+                    f"at most {end - p - TLV_HEADER_SIZE} bytes", n,
+                )  # fmt: skip
+            p += TLV_HEADER_SIZE
+            attrs.append((t, mv[p : p + n]))
+            p += n
+        return attrs
+
+    def _attributes(
+        self, mv: memoryview, p: int, end: int, where: _Where, required: frozenset[int]
+    ) -> list[tuple[int, memoryview | bytes]]:
+        """The TLVs of a payload, with every rule of the version checked."""
+        offsets: list[int] = []
+        attrs = self._split(mv, p, end, where, offsets)
+        sizes = _ATTR_SIZES[self.version]
+        seen: set[int] = set()
+        for (t, value), at in zip(attrs, offsets, strict=True):
+            if t in seen:
+                raise where.error(e.DuplicateAttribute, "the attribute appears twice", at, t, "each attribute once")
             seen.add(t)
-            if t in sizes:
-                size = sizes[t]
-                if size is not None and len(value) != size:
-                    raise self._attr_error(
-                        e.AttributeSize,
-                        "the value has the wrong size",
-                        origin + tlv_at,
-                        index,
-                        cmd,
-                        t,
-                        f"{size} bytes",
-                        len(value),
-                    )
-            else:
-                problem = self._attr_error(
-                    e.UnknownAttribute,
-                    f"attribute type {t} is not defined in stream version {self.version}",
-                    origin + tlv_at,
-                    index,
-                    cmd,
-                    t,
-                    f"1 to {MAX_ATTRIBUTE[self.version]}",
-                    t,
-                )
+            if t not in sizes:
+                problem = where.error(
+                    e.UnknownAttribute, f"attribute type {t} is not defined in stream version {self.version}", at, t,
+                    f"1 to {MAX_ATTRIBUTE[self.version]}", t,
+                )  # fmt: skip
                 if self.strict:
                     raise problem
                 self.problems.append(problem)
-            attrs.append((t, value))
+            elif (size := sizes[t]) is not None and len(value) != size:
+                raise where.error(e.AttributeSize, "the value has the wrong size", at, t, f"{size} bytes", len(value))
         if not required <= seen:
-            missing = sorted(required - seen)[0]
-            raise self._attr_error(
-                e.MissingAttribute,
-                "a required attribute is absent",
-                origin + cmd_pos,
-                index,
-                cmd,
-                missing,
-                "present",
-                None,
+            raise where.error(
+                e.MissingAttribute, "a required attribute is absent", where.pos, min(required - seen), "present"
             )
         return attrs
-
-    @staticmethod
-    def _attr_error(
-        cls: type[e.FormatError],
-        message: str,
-        offset: int,
-        index: int,
-        cmd: int,
-        attr: int | None,
-        expected: object,
-        actual: object,
-    ) -> e.FormatError:
-        return cls(
-            message,
-            offset=offset,
-            index=index,
-            command=command_name(cmd),
-            attribute=None if attr is None else attribute_name(attr),
-            expected=expected,
-            actual=actual,
-        )
 
     def _too_large(self, mv: memoryview, pos: int, origin: int, length: int, cmd: int) -> None:
         hint = ""

@@ -21,7 +21,8 @@ from . import errors as e
 from .command import Command
 from .format import ATTRIBUTES, attribute_name, decode_value
 from .format import A as _A
-from .scan import NATIVE, Batch
+from .native import NATIVE, module
+from .scan import Batch
 
 _TEXT_BATCH = 1 << 20
 
@@ -98,10 +99,9 @@ class TextDumper:
         ``out`` (None when the native module is not built)."""
         if not NATIVE:
             return None
-        from .scan import _native
 
         def batch(mv: Any, pos: int, version: int, limit: int) -> tuple[int, int, int, int, int]:
-            pos, status, need, count, nbytes, text, self.subvol_path = _native.dump_text(
+            pos, status, need, count, nbytes, text, self.subvol_path = module.dump_text(
                 mv, pos, version, limit, self.subvol_path, self.raw_xattr_data, _TEXT_BATCH
             )
             out.write(text)

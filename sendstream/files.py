@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from typing import BinaryIO, NamedTuple
 
 from .decoder import Decoder, EndOfInput, Event, Framer, NeedData
-from .scan import END, FULL, NEED, Batch, run_batch
+from .native import END, FULL, NEED
+from .scan import Batch, run_batch
 
 CHUNK_SIZE = 1 << 20
 WINDOW_SIZE = 16 << 20

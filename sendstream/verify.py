@@ -14,7 +14,8 @@ from typing import BinaryIO
 from . import errors as e
 from .decoder import EndOfInput, Framer, NeedData
 from .files import file_events
-from .scan import END, NATIVE, NEED, native_scan, run_batch
+from .native import END, NATIVE, NEED, native_scan
+from .scan import run_batch
 
 BUFFER_SIZE = 8 << 20
 

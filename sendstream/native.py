@@ -1,0 +1,56 @@
+"""The optional native module, loaded once and fed the format tables.
+
+``_native.c`` is built by ``pip install`` when a compiler is there. It
+frames and checks whole buffers (CRC-32C with the CPU's CRC instructions,
+every TLV rule) and prints dump text, from tables loaded out of
+:mod:`sendstream.format`, so the layout stays declared in one place. It
+stops at anything unusual, and the Python framer (the reference) handles
+that command. ``SENDSTREAM_PURE=1`` in the environment turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .format import ATTRIBUTES, COMMANDS, MAX_ATTRIBUTE, MAX_COMMAND, MAX_VERSION
+
+# What a scan reports: a partial command at pos (needing ``need`` bytes),
+# pos just after END, a command at pos for the Python path, arrays full.
+NEED, END, STOP, FULL = 0, 1, 2, 3
+
+module: Any = None
+if not os.environ.get("SENDSTREAM_PURE"):
+    try:
+        from . import _native as module  # type: ignore[attr-defined, no-redef]
+    except ImportError:  # no compiler at install time
+        module = None
+
+if module is not None:
+    module.configure(
+        {v: {n: a.size for n, a in ATTRIBUTES.items() if n <= MAX_ATTRIBUTE[v]} for v in range(1, MAX_VERSION + 1)},
+        {v: {n: True for n in COMMANDS if n <= MAX_COMMAND[v]} for v in range(1, MAX_VERSION + 1)},
+        {n: sum(1 << a for a in s.required) for n, s in COMMANDS.items()},
+    )
+
+NATIVE: bool = module is not None
+PATH: str = f"native ({module.CRC})" if NATIVE else "python"
+
+
+def native_scan(
+    buf: Any,
+    pos: int,
+    version: int,
+    max_len: int,
+    offsets: Any = None,
+    cmds: Any = None,
+    lens: Any = None,
+    base: int = 0,
+) -> tuple[int, int, int, int, int]:
+    """Check every clean command from ``pos``: ``(pos, status, need, count, nbytes)``.
+
+    Optional arrays (``array('Q')``, ``array('H')``, ``array('I')``) receive
+    each command's offset (plus ``base``), number and payload length; the
+    scan stops with FULL when they are. Only when :data:`NATIVE`.
+    """
+    return module.scan(buf, pos, version, max_len, offsets, cmds, lens, base)  # type: ignore[no-any-return]
