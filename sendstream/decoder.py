@@ -320,7 +320,6 @@ class Framer:
 
         ``where`` is None for commands the native scanner found clean, which
         cannot fail here."""
-        where = where or _Where(0, p, self.commands, 0)
         data_rest = self.version >= 2
         attrs: list[tuple[int, memoryview | bytes]] = []
         while p < end:
@@ -330,7 +329,7 @@ class Framer:
                 attrs.append((A_DATA, mv[p + 2 : end]))
                 break
             if end - p < TLV_HEADER_SIZE:
-                raise where.error(
+                raise (where or _Where(0, p, self.commands, 0)).error(
                     e.BadAttribute,
                     "the command ends inside an attribute header",
                     p,
@@ -340,7 +339,7 @@ class Framer:
                 )
             t, n = _unpack_tlv(mv, p)
             if p + TLV_HEADER_SIZE + n > end:
-                raise where.error(
+                raise (where or _Where(0, p, self.commands, 0)).error(
                     e.BadAttribute, "the attribute runs past the end of its command", p, t,
                     f"at most {end - p - TLV_HEADER_SIZE} bytes", n,
                 )  # fmt: skip

@@ -20,13 +20,14 @@ from sendstream import Command, FormatError, crc32c, encode_command, reference_c
 from sendstream.decoder import default_max_command_size
 from sendstream.dump import TextDumper
 from sendstream.files import file_events
-from sendstream.scan import NATIVE, python_scan
+from sendstream.native import NATIVE
+from sendstream.scan import python_scan
 
 if not NATIVE:
     pytest.skip("the native scanner is not in use (not built, or SENDSTREAM_PURE is set)", allow_module_level=True)
 
 from sendstream import _native  # type: ignore[attr-defined]
-from sendstream.scan import native_scan
+from sendstream.native import native_scan
 
 
 def streams_of(data: bytes) -> list[tuple[int, int]]:
