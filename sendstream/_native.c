@@ -372,16 +372,16 @@ static int get_out(PyObject *obj, optbuf *b, Py_ssize_t itemsize, const char *wh
  */
 static PyObject *scan(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"buffer", "pos", "version", "max_len", "offsets", "cmds", "lens", "base", NULL};
+    static char *kwlist[] = {"buffer", "pos", "version", "max_len", "offsets", "cmds", "lens", "base", "crcs", NULL};
     Py_buffer in;
     Py_ssize_t pos;
     int version;
     unsigned long long max_len, base = 0;
-    PyObject *o_off = Py_None, *o_cmd = Py_None, *o_len = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*niK|OOOK", kwlist, &in, &pos, &version, &max_len, &o_off,
-                                     &o_cmd, &o_len, &base))
+    PyObject *o_off = Py_None, *o_cmd = Py_None, *o_len = Py_None, *o_crc = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*niK|OOOKO", kwlist, &in, &pos, &version, &max_len, &o_off,
+                                     &o_cmd, &o_len, &base, &o_crc))
         return NULL;
-    optbuf off = {0}, cmds = {0}, lens = {0};
+    optbuf off = {0}, cmds = {0}, lens = {0}, crcs = {0};
     PyObject *result = NULL;
     if (!configured) {
         PyErr_SetString(PyExc_RuntimeError, "configure() was not called");
@@ -392,12 +392,13 @@ static PyObject *scan(PyObject *self, PyObject *args, PyObject *kw)
         goto out;
     }
     if (get_out(o_off, &off, 8, "offsets") < 0 || get_out(o_cmd, &cmds, 2, "cmds") < 0 ||
-        get_out(o_len, &lens, 4, "lens") < 0)
+        get_out(o_len, &lens, 4, "lens") < 0 || get_out(o_crc, &crcs, 4, "crcs") < 0)
         goto out;
     Py_ssize_t cap = PY_SSIZE_T_MAX;
     if (off.have && off.view.len / 8 < cap) cap = off.view.len / 8;
     if (cmds.have && cmds.view.len / 2 < cap) cap = cmds.view.len / 2;
     if (lens.have && lens.view.len / 4 < cap) cap = lens.view.len / 4;
+    if (crcs.have && crcs.view.len / 4 < cap) cap = crcs.view.len / 4;
     Py_ssize_t first = pos;
 
     const uint8_t *buf = in.buf;
@@ -418,6 +419,7 @@ static PyObject *scan(PyObject *self, PyObject *args, PyObject *kw)
             if (off.have) ((uint64_t *)off.view.buf)[count] = base + (uint64_t)starts[i];
             if (cmds.have) ((uint16_t *)cmds.view.buf)[count] = le16(buf + starts[i] + 4);
             if (lens.have) ((uint32_t *)lens.view.buf)[count] = len;
+            if (crcs.have) ((uint32_t *)crcs.view.buf)[count] = le32(buf + starts[i] + 6);
             count++;
         }
         if (ok < n) {
@@ -439,6 +441,7 @@ out:
     if (off.have) PyBuffer_Release(&off.view);
     if (cmds.have) PyBuffer_Release(&cmds.view);
     if (lens.have) PyBuffer_Release(&lens.view);
+    if (crcs.have) PyBuffer_Release(&crcs.view);
     PyBuffer_Release(&in);
     return result;
 }

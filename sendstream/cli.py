@@ -16,12 +16,14 @@ from . import __version__
 from . import errors as e
 from .command import Command
 from .crc import IMPLEMENTATION
-from .decoder import Framer, StreamHeader
+from .decoder import Framer, Restart, StreamHeader
 from .dump import TextDumper, json_line
 from .encoder import Encoder
-from .files import atomic_output, file_events, open_input
+from .files import FlushBeforeRead, atomic_output, file_events, is_regular, open_input
+from .format import MAX_VERSION
 from .native import PATH
-from .verify import verify_file
+from .repair import Healer
+from .verify import find_headers, verify_file
 
 
 def _max_size_option(f: Any) -> Any:
@@ -78,13 +80,23 @@ def dump(stream: str, as_json: bool, strict: bool, max_command_size: int | None)
 @cli.command()
 @click.argument("stream", default="-")
 @click.option("--keep-going", is_flag=True, help="Report every problem, not only the first.")
+@click.option("--scan", is_flag=True, help="Only list every stream header in STREAM, wherever it is.")
 @click.option("-q", "--quiet", is_flag=True, help="No summary line.")
-@click.option("-v", "--verbose", is_flag=True, help="Say which CRC implementation ran.")
+@click.option("-v", "--verbose", is_flag=True, help="Say which verifier and CRC implementation ran.")
 @_max_size_option
-def verify(stream: str, keep_going: bool, quiet: bool, verbose: bool, max_command_size: int | None) -> None:
+def verify(stream: str, keep_going: bool, scan: bool, quiet: bool, verbose: bool, max_command_size: int | None) -> None:
     """Check STREAM (a file or -): framing, CRCs, commands, attributes, END."""
     if verbose:
         click.echo(f"sendstream: verifier: {PATH}; crc32c: {IMPLEMENTATION}", err=True)
+    if scan:
+        with open_input(stream) as source:
+            headers = list(find_headers(source))
+        for offset, version in headers:
+            valid = "" if 1 <= version <= MAX_VERSION else " (not a valid version)"
+            click.echo(f"offset {offset}: stream header, version {version}{valid}")
+        if not quiet:
+            click.echo(f"{len(headers)} stream header{'s' * (len(headers) != 1)}")
+        return
     with open_input(stream) as source:
         report = verify_file(source, keep_going=keep_going, max_command_size=max_command_size)
     for problem in report.problems:
@@ -113,8 +125,53 @@ def convert(source: str, target: str, max_command_size: int | None) -> None:
     framer = Framer(max_command_size=max_command_size)
     with open_input(source) as inp, atomic_output(target) as out:
         for event in file_events(inp, framer):
+            if isinstance(event, Restart):
+                raise framer.problems[-1]
             out.write(encoder.send(event))
     _warn(framer.problems, 0)
+
+
+@cli.command()
+@click.argument("source", metavar="IN")
+@click.argument("target", metavar="OUT")
+@click.option("--keep-last", is_flag=True, help="Keep only what follows the last restart (OUT must be seekable).")
+@click.option("-q", "--quiet", is_flag=True, help="No summary line.")
+@_max_size_option
+def repair(source: str, target: str, keep_last: bool, quiet: bool, max_command_size: int | None) -> None:
+    """Write the clean stream of IN (a restarted `btrfs send`) to OUT (- for stdin/stdout).
+
+    Each command goes out only after its CRC is checked. After a restart the
+    replayed commands must match those already written (length and CRC);
+    they are dropped with the partial command before the restart. A file OUT
+    appears only when the whole input was repaired.
+    """
+    framer = Framer(max_command_size=max_command_size)
+    with open_input(source) as inp, atomic_output(target) as out:
+        if keep_last and not out.seekable():
+            raise e.UsageError("--keep-last needs OUT to be a file")
+
+        def truncate(offset: int) -> None:
+            out.flush()
+            out.seek(offset)
+            out.truncate(offset)
+
+        healer = Healer(out.write, keep_last=keep_last, truncate=truncate if keep_last else None)
+        reader = inp if is_regular(inp) else FlushBeforeRead(inp, out)
+        for event in file_events(reader, framer, healer.batch):  # type: ignore[arg-type]
+            healer.event(event)
+    _warn([p for p in framer.problems if not isinstance(p, e.StreamRestarted)], 0)
+    if not quiet:
+        for r in healer.restarts:
+            click.echo(
+                f"sendstream: restart at offset {r.offset} after {r.commands} complete commands, "
+                f"{r.partial} bytes of a partial command before it",
+                err=True,
+            )
+        click.echo(
+            f"sendstream: {len(healer.restarts)} restart{'s' * (len(healer.restarts) != 1)} repaired; "
+            f"{healer.written} bytes written, {healer.dropped} dropped",
+            err=True,
+        )
 
 
 def _report(exc: BaseException, show_traceback: bool, err: IO[str]) -> None:

@@ -46,6 +46,18 @@ class StreamHeader:
 
 
 @dataclass(frozen=True, slots=True)
+class Restart:
+    """A restarted send at ``offset``: a new header of ``version`` after
+    ``commands`` complete commands of the stream and ``partial`` bytes of an
+    unfinished one. The whole stream follows again."""
+
+    offset: int
+    version: int
+    commands: int
+    partial: int
+
+
+@dataclass(frozen=True, slots=True)
 class EndOfInput:
     """The input ended cleanly after a complete stream, at ``offset``."""
 
@@ -62,7 +74,7 @@ class NeedData:
 
 
 NEED_DATA = NeedData()
-Event = StreamHeader | Command | EndOfInput
+Event = StreamHeader | Command | Restart | EndOfInput
 
 # The header of the stream's next command is the start of a new stream header:
 # what a restarted send ioctl leaves behind (see FORMAT.md).
@@ -74,6 +86,7 @@ _unpack_cmd = COMMAND_HEADER.unpack_from
 _unpack_tlv = TLV_HEADER.unpack_from
 _unpack_type = TLV_TYPE.unpack_from
 _pack_cmd = COMMAND_HEADER.pack
+_END_COMMAND = _pack_cmd(0, C_END, crc32c(_pack_cmd(0, C_END, 0)))
 
 # Per version: known attribute number -> fixed value size (None: variable).
 _ATTR_SIZES: dict[int, dict[int, int | None]] = {
@@ -145,6 +158,8 @@ class Framer:
         self.commands = 0
         self.bytes = 0
         self.problems: list[e.FormatError] = []
+        self.restarts = 0
+        self._stream_start = 0
         self._limit = 0
         # With batch, the native scanner checks runs of commands ahead; the
         # offsets of those found clean wait here and skip the Python checks.
@@ -161,6 +176,7 @@ class Framer:
 
     def start_stream(self, version: int) -> None:
         """Expect the commands of a stream of ``version`` next."""
+        self._stream_start = self.commands
         self.version = version
         self._limit = self.max_command_size or default_max_command_size(version)
 
@@ -230,21 +246,28 @@ class Framer:
         avail = len(mv) - pos
         if avail < COMMAND_HEADER_SIZE:
             if eof:
-                self._truncated(origin + pos, COMMAND_HEADER_SIZE, avail)
+                return self._damaged(mv, pos, eof, origin, pos + avail, self._truncated(origin + pos, 10, avail))
             return NEED_DATA, pos, COMMAND_HEADER_SIZE
         length, cmd, crc = _unpack_cmd(mv, pos)
         if length > self._limit:
-            self._too_large(mv, pos, origin, length, cmd)
+            return self._damaged(
+                mv, pos, eof, origin, pos + COMMAND_HEADER_SIZE, self._too_large(pos, origin, length, cmd)
+            )
         total = COMMAND_HEADER_SIZE + length
         if avail < total:
             if eof:
-                self._truncated(origin + pos, total, avail, cmd)
+                return self._damaged(
+                    mv, pos, eof, origin, pos + avail, self._truncated(origin + pos, total, avail, cmd)
+                )
             return NEED_DATA, pos, total
         start = pos + COMMAND_HEADER_SIZE
         end = pos + total
         try:
             command = self._check(mv, pos, start, end, origin, length, cmd, crc)
         except e.FormatError as exc:
+            restart = self._restart(mv, pos, eof, origin, end)
+            if restart is not None:
+                return restart
             if not self.keep_going:
                 raise
             self.problems.append(exc.with_traceback(None))
@@ -254,6 +277,86 @@ class Framer:
         if cmd == C_END:
             self.version = 0
         return command, end, 0
+
+    def _damaged(
+        self, mv: memoryview, pos: int, eof: bool, origin: int, span_end: int, error: e.FormatError
+    ) -> tuple[Event | NeedData, int, int]:
+        """The command at ``pos`` cannot be framed: a restart, or ``error``."""
+        restart = self._restart(mv, pos, eof, origin, span_end)
+        if restart is None:
+            raise error
+        return restart
+
+    def _restart(
+        self, mv: memoryview, pos: int, eof: bool, origin: int, span_end: int
+    ) -> tuple[Event | NeedData, int, int] | None:
+        """Look for a restarted stream: a new header starting in ``[pos, span_end)``.
+
+        A restarted send ioctl writes a fresh header (and the whole stream
+        again) after what it wrote before, often after part of a command. A
+        header counts only when the command after it checks out.
+        """
+        end = len(mv)
+        window = bytes(mv[pos : min(end, span_end + STREAM_HEADER_SIZE)])
+        found = window.find(STREAM_MAGIC)
+        if found < 0 or pos + found >= span_end:
+            if not eof:
+                # a header may still start where the data runs out
+                for h in range(max(0, len(window) - len(STREAM_MAGIC) + 1), span_end - pos):
+                    if STREAM_MAGIC.startswith(window[h:]):
+                        return NEED_DATA, pos, h + STREAM_HEADER_SIZE + COMMAND_HEADER_SIZE
+            tail = next((k for k in range(len(STREAM_MAGIC) - 1, 3, -1) if window.endswith(STREAM_MAGIC[:k])), 0)
+            if eof and tail and len(window) - tail < span_end - pos:
+                raise e.TruncatedStream(
+                    "the input ends inside a restarted stream header",
+                    offset=origin + end - tail,
+                    index=self.commands,
+                    expected=f"{STREAM_HEADER_SIZE} bytes",
+                    actual=f"{tail} bytes",
+                )
+            return None
+        at = pos + found
+        if mv[max(pos, at - COMMAND_HEADER_SIZE) : at] == _END_COMMAND:
+            return None  # the next of several streams back to back, not a restart
+        first = at + STREAM_HEADER_SIZE
+        if end - first >= COMMAND_HEADER_SIZE:
+            version = int.from_bytes(mv[at + 13 : first], "little")
+            if not 1 <= version <= MAX_VERSION:
+                return None
+            length, cmd, crc = _unpack_cmd(mv, first)
+            if length > default_max_command_size(version):
+                return None
+            body_end = first + COMMAND_HEADER_SIZE + length
+            if body_end <= end:
+                if crc32c(mv[first + COMMAND_HEADER_SIZE : body_end], crc32c(_pack_cmd(length, cmd, 0))) != crc:
+                    return None
+                return self._restarted(origin, pos, at, version)
+        else:
+            body_end = first + COMMAND_HEADER_SIZE
+        if eof:
+            raise e.TruncatedStream(
+                "the input ends inside a restarted stream",
+                offset=origin + at,
+                index=self.commands,
+                expected="a stream header and a complete first command",
+                actual=f"{end - at} bytes",
+            )
+        return NEED_DATA, pos, body_end - pos
+
+    def _restarted(self, origin: int, pos: int, at: int, version: int) -> tuple[Event, int, int]:
+        event = Restart(origin + at, version, self.commands - self._stream_start, at - pos)
+        self.problems.append(
+            e.StreamRestarted(
+                f"stream restarted at offset {event.offset} after {event.commands} complete commands; "
+                f"{event.partial} bytes of a partial command before it",
+                offset=event.offset,
+                index=self.commands,
+            )
+        )
+        self.restarts += 1
+        self.bytes += at - pos + STREAM_HEADER_SIZE
+        self.start_stream(version)
+        return event, at + STREAM_HEADER_SIZE, 0
 
     def _checked_ahead(self, mv: memoryview, pos: int) -> bool:
         i = self._clean_next
@@ -376,11 +479,11 @@ class Framer:
             )
         return attrs
 
-    def _too_large(self, mv: memoryview, pos: int, origin: int, length: int, cmd: int) -> None:
+    def _too_large(self, pos: int, origin: int, length: int, cmd: int) -> e.FormatError:
         hint = ""
         if length == RESTART_LENGTH:
             hint = " (these are the bytes 'btrf': a new stream header where a command should be)"
-        raise e.CommandTooLarge(
+        return e.CommandTooLarge(
             f"command length {length} is over the limit{hint}",
             offset=origin + pos,
             index=self.commands,
@@ -389,8 +492,8 @@ class Framer:
             actual=length,
         )
 
-    def _truncated(self, offset: int, needed: int, avail: int, cmd: int | None = None) -> None:
-        raise e.TruncatedStream(
+    def _truncated(self, offset: int, needed: int, avail: int, cmd: int | None = None) -> e.FormatError:
+        return e.TruncatedStream(
             "the input ends inside a command" if avail else "the input ends before the stream's END command",
             offset=offset,
             index=self.commands,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from . import errors as e
 from .command import Command
 from .crc import crc32c
-from .decoder import EndOfInput, Event, StreamHeader
+from .decoder import EndOfInput, Event, Restart, StreamHeader
 from .format import (
     A_DATA,
     C_END,
@@ -69,6 +69,8 @@ class Encoder:
             return encode_stream_header(event.version)
         if isinstance(event, EndOfInput):
             return b""
+        if isinstance(event, Restart):
+            raise e.UsageError(f"the stream restarted at offset {event.offset}: repair it instead of rewriting it")
         if not self.version:
             raise e.UsageError(f"command {event.name} before a stream header")
         data = encode_command(event, self.version)

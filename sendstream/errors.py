@@ -14,6 +14,7 @@ EXIT_CORRUPT = 1
 EXIT_USAGE = 2
 EXIT_TRUNCATED = 3
 EXIT_IO = 4
+EXIT_RESTARTED = 5
 
 
 class SendStreamError(Exception):
@@ -104,6 +105,20 @@ class AttributeSize(BadAttribute):
 
 class UnknownCommand(FormatError):
     kind = "unknown command"
+
+
+class StreamRestarted(FormatError):
+    """A new stream header in the middle of a stream: the send ioctl restarted."""
+
+    exit_code = EXIT_RESTARTED
+    kind = "restarted send (`sendstream repair` writes the clean stream)"
+
+
+class ReplayDiverges(FormatError):
+    """After a restart, the replayed commands are not the ones written before."""
+
+    exit_code = EXIT_RESTARTED
+    kind = "replay differs"
 
 
 class TrailingData(FormatError):

@@ -90,14 +90,29 @@ class MappedWindows:
         return Window(memoryview(mapped), skip, length == left, start - self._base)
 
 
+def is_regular(source: BinaryIO) -> bool:
+    try:
+        return stat.S_ISREG(os.fstat(source.fileno()).st_mode)
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
 def windows_for(source: BinaryIO) -> BufferedWindows | MappedWindows:
     """Mapped windows for a regular file, buffered ones for anything else."""
-    try:
-        if stat.S_ISREG(os.fstat(source.fileno()).st_mode):
-            return MappedWindows(source)
-    except (AttributeError, OSError, ValueError):
-        pass
-    return BufferedWindows(source)
+    return MappedWindows(source) if is_regular(source) else BufferedWindows(source)
+
+
+class FlushBeforeRead:
+    """Reads ``source``, flushing ``out`` whenever a read might wait, so that a
+    pipeline downstream gets every checked command without delay."""
+
+    def __init__(self, source: BinaryIO, out: BinaryIO) -> None:
+        self._source = source
+        self._out = out
+
+    def readinto(self, b: memoryview) -> int:
+        self._out.flush()
+        return self._source.readinto(b) or 0  # type: ignore[attr-defined]
 
 
 def open_input(path: str) -> BinaryIO:
@@ -120,7 +135,7 @@ def file_events(source: BinaryIO, framer: Framer | None = None, batch: Batch | N
     step = framer.step
     while True:
         if batch is not None and framer.version:
-            pos, status, need = run_batch(framer, batch, mv, pos)
+            pos, status, need = run_batch(framer, batch, mv, pos, origin)
             if status in (END, FULL):
                 continue
             if status == NEED and not eof:

@@ -46,11 +46,13 @@ def native_scan(
     cmds: Any = None,
     lens: Any = None,
     base: int = 0,
+    crcs: Any = None,
 ) -> tuple[int, int, int, int, int]:
     """Check every clean command from ``pos``: ``(pos, status, need, count, nbytes)``.
 
-    Optional arrays (``array('Q')``, ``array('H')``, ``array('I')``) receive
-    each command's offset (plus ``base``), number and payload length; the
-    scan stops with FULL when they are. Only when :data:`NATIVE`.
+    Optional arrays (``array('Q')``, ``array('H')``, ``array('I')``,
+    ``array('I')``) receive each command's offset (plus ``base``), number,
+    payload length and CRC; the scan stops with FULL when they are full.
+    Only when :data:`NATIVE`.
     """
-    return module.scan(buf, pos, version, max_len, offsets, cmds, lens, base)  # type: ignore[no-any-return]
+    return module.scan(buf, pos, version, max_len, offsets, cmds, lens, base, crcs)  # type: ignore[no-any-return]

@@ -14,12 +14,13 @@ from .decoder import Framer
 from .errors import FormatError
 from .native import END, NEED, STOP
 
-Batch = Callable[[Any, int, int, int], tuple[int, int, int, int, int]]
+# batch(window, pos, version, limit, origin) -> (pos, status, need, count, nbytes)
+Batch = Callable[[Any, int, int, int, int], tuple[int, int, int, int, int]]
 
 
-def run_batch(framer: Framer, batch: Batch, mv: memoryview, pos: int) -> tuple[int, int, int]:
+def run_batch(framer: Framer, batch: Batch, mv: memoryview, pos: int, origin: int) -> tuple[int, int, int]:
     """Run a batch function from ``pos`` and count what it checked: ``(pos, status, need)``."""
-    pos, status, need, count, nbytes = batch(mv, pos, framer.version, framer.limit)
+    pos, status, need, count, nbytes = batch(mv, pos, framer.version, framer.limit, origin)
     framer.skip(count, nbytes, ended=status == END)
     return pos, status, need
 

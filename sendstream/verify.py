@@ -8,17 +8,16 @@ command in a window is framed and checked in one :func:`verify_buffer` call.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from . import errors as e
 from .decoder import EndOfInput, Framer, NeedData
-from .files import file_events
+from .files import file_events, windows_for
+from .format import STREAM_HEADER_SIZE, STREAM_MAGIC
 from .native import END, NATIVE, NEED, native_scan
 from .scan import run_batch
-
-BUFFER_SIZE = 8 << 20
-
 
 @dataclass
 class Report:
@@ -36,7 +35,13 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        return self.problems[0].exit_code if self.problems else e.EXIT_OK
+        """The first problem's code; a restart's only when nothing else is wrong."""
+        worse = [p for p in self.problems if not isinstance(p, e.StreamRestarted)]
+        return (worse or self.problems)[0].exit_code if self.problems else e.EXIT_OK
+
+
+def _scan(mv: memoryview, pos: int, version: int, limit: int, origin: int) -> tuple[int, int, int, int, int]:
+    return native_scan(mv, pos, version, limit)
 
 
 def verify_buffer(framer: Framer, mv: memoryview, pos: int, eof: bool, origin: int) -> tuple[int, int]:
@@ -51,7 +56,7 @@ def verify_buffer(framer: Framer, mv: memoryview, pos: int, eof: bool, origin: i
     step = framer.step
     while True:
         if NATIVE and framer.version:
-            pos, status, need = run_batch(framer, native_scan, mv, pos)
+            pos, status, need = run_batch(framer, _scan, mv, pos, origin)
             if status == END:
                 continue
             if status == NEED and not eof:
@@ -71,9 +76,28 @@ def verify_file(source: BinaryIO, *, keep_going: bool = False, max_command_size:
     framer = Framer(strict=True, keep_going=keep_going, max_command_size=max_command_size)
     started = time.perf_counter()
     try:
-        for _ in file_events(source, framer, native_scan if NATIVE else None):
+        for _ in file_events(source, framer, _scan if NATIVE else None):
             pass
     except e.FormatError as exc:
         # without its traceback the error holds no view of the input window
         framer.problems.append(exc.with_traceback(None))
     return Report(framer.streams, framer.commands, framer.bytes, time.perf_counter() - started, framer.problems)
+
+
+def find_headers(source: BinaryIO) -> Iterator[tuple[int, int]]:
+    """Every ``btrfs-stream`` header in ``source``: ``(offset, version)``,
+    wherever it is, to resynchronise on a damaged input."""
+    windows = windows_for(source)
+    pos = need = 0
+    while True:
+        mv, start, eof, origin = windows.advance(pos, need)
+        data = bytes(mv[start:])
+        at = data.find(STREAM_MAGIC)
+        while at >= 0 and at + STREAM_HEADER_SIZE <= len(data):
+            yield origin + start + at, int.from_bytes(data[at + 13 : at + STREAM_HEADER_SIZE], "little")
+            at = data.find(STREAM_MAGIC, at + 1)
+        if eof:
+            return
+        # keep the bytes a header cut by the window's end could start in
+        keep = min(len(data), STREAM_HEADER_SIZE - 1) if at < 0 else len(data) - at
+        pos, need = start + len(data) - keep, STREAM_HEADER_SIZE

@@ -1,0 +1,155 @@
+"""Healing restarted streams, in files and in flight.
+
+When ``btrfs send`` is stopped and continued while the kernel is blocked on
+a pipe, the send ioctl restarts: a new header and the whole stream again
+follow what was written, often after part of a command (FORMAT.md).
+:class:`Healer` hands out each command only once its CRC is checked; after
+a restart it compares every replayed command with the length and CRC of the
+one handed out before, drops the duplicates and the partial command, and
+carries on where the stream stopped. It keeps 8 bytes per command, never
+the commands themselves. No file or socket inside: bytes go to ``write``.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable
+from typing import Any
+
+from . import errors as e
+from .command import Command
+from .decoder import EndOfInput, Event, Restart, StreamHeader
+from .encoder import encode_command, encode_stream_header
+from .format import COMMAND_HEADER_SIZE, command_name
+from .native import NATIVE, native_scan
+from .scan import Batch
+
+_RUN = 1 << 16
+
+
+class Healer:
+    """Turns the events and clean runs of a (possibly restarted) stream into
+    the clean stream.
+
+    Use :meth:`batch` as the batch function of
+    :func:`~sendstream.files.file_events` (when the native module is built)
+    and give every event it yields to :meth:`event`. With ``keep_last``, a
+    restart discards everything of its stream written so far (through
+    ``truncate(offset)``) instead of checking the replay against it.
+    """
+
+    def __init__(
+        self,
+        write: Callable[[Any], object],
+        *,
+        keep_last: bool = False,
+        truncate: Callable[[int], object] | None = None,
+    ) -> None:
+        if keep_last and truncate is None:
+            raise e.UsageError("keeping only the last restart needs an output that can be truncated")
+        self._write = write
+        self._keep_last = keep_last
+        self._truncate = truncate
+        self.written = 0
+        self.restarts: list[Restart] = []
+        self.dropped = 0  # bytes of replayed and partial commands left out
+        self._version = 0
+        self._stream_body = 0  # output offset of the current stream's first command
+        self._lens = array("I")  # length and CRC of every command written in the current stream
+        self._crcs = array("I")
+        self._replay: int | None = None  # index of the next command a replay must repeat
+        self._restart_at = 0
+        self._run_lens = array("I", bytes(4 * _RUN))
+        self._run_crcs = array("I", bytes(4 * _RUN))
+
+    @property
+    def batch(self) -> Batch | None:
+        """The batch function for clean runs (None without the native module)."""
+        return self._batch if NATIVE else None
+
+    def _batch(self, mv: Any, pos: int, version: int, limit: int, origin: int) -> tuple[int, int, int, int, int]:
+        result = native_scan(mv, pos, version, limit, None, None, self._run_lens, 0, self._run_crcs)
+        count = result[3]
+        if count:
+            self._run(mv, pos, origin + pos, self._run_lens[:count], self._run_crcs[:count], result[4])
+        return result
+
+    def _out(self, data: Any) -> None:
+        self._write(data)
+        self.written += len(data)
+
+    def _run(self, mv: Any, start: int, offset: int, lens: array[int], crcs: array[int], nbytes: int) -> None:
+        """A run of checked commands at ``mv[start:]`` (input ``offset``): write,
+        or match against the replay."""
+        repeated = 0
+        if self._replay is not None:
+            k = self._replay
+            repeated = min(len(lens), len(self._lens) - k)
+            if lens[:repeated] != self._lens[k : k + repeated] or crcs[:repeated] != self._crcs[k : k + repeated]:
+                i = next(i for i in range(repeated) if (lens[i], crcs[i]) != (self._lens[k + i], self._crcs[k + i]))
+                skip = sum(lens[:i]) + COMMAND_HEADER_SIZE * i
+                self._diverges(k + i, lens[i], crcs[i], mv, start + skip, offset + skip)
+            self._replay = k + repeated
+            if self._replay == len(self._lens):
+                self._replay = None
+        skip = sum(lens[:repeated]) + COMMAND_HEADER_SIZE * repeated
+        self.dropped += skip
+        if repeated < len(lens):
+            self._out(mv[start + skip : start + nbytes])
+            self._lens.extend(lens[repeated:])
+            self._crcs.extend(crcs[repeated:])
+
+    def _diverges(self, index: int, length: int, crc: int, mv: Any, at: int, offset: int) -> None:
+        cmd = int.from_bytes(bytes(mv[at + 4 : at + 6]), "little")
+        raise e.ReplayDiverges(
+            f"the stream replayed after the restart at offset {self._restart_at} is not the one written before it",
+            offset=offset,
+            index=index,
+            command=command_name(cmd),
+            expected=f"command #{index} of length {self._lens[index]} and crc 0x{self._crcs[index]:08x}",
+            actual=f"length {length} and crc 0x{crc:08x}",
+        )
+
+    def event(self, event: Event) -> None:
+        """Take one event of the framer (or decoder)."""
+        if isinstance(event, StreamHeader):
+            self._out(encode_stream_header(event.version))
+            self._version = event.version
+            self._stream_body = self.written
+            self._lens = array("I")
+            self._crcs = array("I")
+            self._replay = None
+        elif isinstance(event, Command):
+            raw = encode_command(event, self._version)
+            lens, crcs = array("I", [len(raw) - COMMAND_HEADER_SIZE]), array("I", [event.crc or 0])
+            self._run(memoryview(raw), 0, event.offset, lens, crcs, len(raw))
+        elif isinstance(event, Restart):
+            self._restarted(event)
+        elif isinstance(event, EndOfInput) and self._replay is not None:
+            raise e.TruncatedStream(
+                f"the input ends while the stream is replayed after the restart at offset {self._restart_at}",
+                offset=event.offset,
+                expected=f"{len(self._lens)} replayed commands",
+                actual=self._replay,
+            )
+
+    def _restarted(self, event: Restart) -> None:
+        self.restarts.append(event)
+        self.dropped += event.partial + len(encode_stream_header(event.version))
+        self._restart_at = event.offset
+        if event.version != self._version:
+            raise e.ReplayDiverges(
+                f"the stream restarted at offset {event.offset} with another version",
+                offset=event.offset,
+                expected=f"version {self._version}",
+                actual=event.version,
+            )
+        if self._keep_last:
+            assert self._truncate is not None
+            self._truncate(self._stream_body)
+            self.dropped += self.written - self._stream_body
+            self.written = self._stream_body
+            self._lens = array("I")
+            self._crcs = array("I")
+        elif len(self._lens):
+            self._replay = 0
