@@ -19,6 +19,7 @@ from .format import STREAM_HEADER_SIZE, STREAM_MAGIC
 from .native import END, NATIVE, NEED, native_scan
 from .scan import run_batch
 
+
 @dataclass
 class Report:
     """What a verification found."""

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from sendstream import Command, Decoder, EndOfInput, NeedData, StreamHeader, encode_command, encode_stream_header
+from sendstream.decoder import Restart
 from sendstream.dump import TextDumper
 from sendstream.files import iter_events
 
@@ -47,6 +48,8 @@ def canon(event: Any) -> tuple[Any, ...]:
         return ("cmd", event.offset, event.index, event.cmd, event.crc, attrs, bytes(event.payload or b""))
     if isinstance(event, StreamHeader):
         return ("hdr", event.offset, event.version)
+    if isinstance(event, Restart):
+        return ("restart", event.offset, event.version, event.commands, event.partial)
     assert isinstance(event, EndOfInput)
     return ("eoi", event.offset)
 
