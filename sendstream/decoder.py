@@ -82,6 +82,9 @@ RESTART_LENGTH = int.from_bytes(STREAM_MAGIC[:4], "little")
 
 _HDR_CRC_CACHE_MAX = 1 << 16
 _CLEAN_AHEAD = 1024
+# A restart header can begin in the last bytes of a command that happen to
+# equal its first ones; windows keep this many bytes before their position.
+HISTORY = 16
 _unpack_cmd = COMMAND_HEADER.unpack_from
 _unpack_tlv = TLV_HEADER.unpack_from
 _unpack_type = TLV_TYPE.unpack_from
@@ -297,9 +300,12 @@ class Framer:
         header counts only when the command after it checks out.
         """
         end = len(mv)
-        window = bytes(mv[pos : min(end, span_end + STREAM_HEADER_SIZE)])
-        found = window.find(STREAM_MAGIC)
-        if found < 0 or pos + found >= span_end:
+        lo = max(0, pos - len(STREAM_MAGIC) + 1)  # it may begin in the last bytes before pos
+        hi = min(end, span_end + STREAM_HEADER_SIZE)
+        found = bytes(mv[lo:hi]).find(STREAM_MAGIC)
+        at = lo + found if found >= 0 else -1
+        if at < 0 or at >= span_end:
+            window = bytes(mv[pos:hi])
             if not eof:
                 # a header may still start where the data runs out
                 for h in range(max(0, len(window) - len(STREAM_MAGIC) + 1), span_end - pos):
@@ -315,8 +321,7 @@ class Framer:
                     actual=f"{tail} bytes",
                 )
             return None
-        at = pos + found
-        if mv[max(pos, at - COMMAND_HEADER_SIZE) : at] == _END_COMMAND:
+        if mv[max(0, at - COMMAND_HEADER_SIZE) : at] == _END_COMMAND:
             return None  # the next of several streams back to back, not a restart
         first = at + STREAM_HEADER_SIZE
         if end - first >= COMMAND_HEADER_SIZE:
@@ -344,7 +349,7 @@ class Framer:
         return NEED_DATA, pos, body_end - pos
 
     def _restarted(self, origin: int, pos: int, at: int, version: int) -> tuple[Event, int, int]:
-        event = Restart(origin + at, version, self.commands - self._stream_start, at - pos)
+        event = Restart(origin + at, version, self.commands - self._stream_start, max(0, at - pos))
         self.problems.append(
             e.StreamRestarted(
                 f"stream restarted at offset {event.offset} after {event.commands} complete commands; "
@@ -527,6 +532,7 @@ class Decoder:
         self._origin = offset  # input offset of _data[0] (or of _pending[0])
         self._pending = bytearray()  # a partial event being completed
         self._need = 0
+        self._skip = 0  # where _pending's next event starts, after the kept history
         self._eof = False
         self._error: e.FormatError | None = None
         self._done = False
@@ -547,15 +553,13 @@ class Decoder:
         if not data:
             self._eof = True
             return
-        if self._pending or self._pos < len(self._data):
-            if not self._pending:
-                self._pending += self._mv[self._pos :]
-                self._origin += self._pos
-                self._reset(b"")
-            self._pending += data
-        else:
-            self._origin += len(self._data)
-            self._reset(bytes(data))
+        if not self._pending:
+            keep = min(self._pos, HISTORY)
+            self._pending += self._mv[self._pos - keep :]
+            self._origin += self._pos - keep
+            self._skip = keep
+            self._reset(b"")
+        self._pending += data
 
     def _reset(self, data: bytes) -> None:
         self._data = data
@@ -568,9 +572,10 @@ class Decoder:
         if self._done:
             return NEED_DATA
         if self._pending:
-            if len(self._pending) < self._need and not self._eof:
+            if len(self._pending) - self._skip < self._need and not self._eof:
                 return NEED_DATA
             self._reset(bytes(self._pending))
+            self._pos = self._skip
             self._pending.clear()
         try:
             event, pos, need = self._framer.step(self._mv, self._pos, self._eof, self._origin)

@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import BinaryIO, NamedTuple
 
-from .decoder import Decoder, EndOfInput, Event, Framer, NeedData
+from .decoder import HISTORY, Decoder, EndOfInput, Event, Framer, NeedData
 from .native import END, FULL, NEED
 from .scan import Batch, run_batch
 
@@ -52,19 +52,20 @@ class BufferedWindows:
 
     def advance(self, pos: int, need: int) -> Window:
         """The next window, after the consumer stopped at ``pos`` needing ``need`` bytes."""
-        tail = self._fill - pos
-        if need > len(self._buf):
-            bigger = mmap.mmap(-1, _pages(need))
-            bigger[:tail] = self._buf[pos : self._fill]
+        keep = min(pos, HISTORY)
+        tail = self._fill - pos + keep
+        if need + keep > len(self._buf):
+            bigger = mmap.mmap(-1, _pages(need + keep))
+            bigger[:tail] = self._buf[pos - keep : self._fill]
             self._buf = bigger  # the old buffer goes when its last view does
-        elif tail and pos:
-            self._buf.move(0, pos, tail)
-        self._origin += pos
+        elif pos > keep:
+            self._buf.move(0, pos - keep, tail)
+        self._origin += pos - keep
         self._fill = tail
         mv = memoryview(self._buf)
         n = self._source.readinto(mv[tail:]) or 0  # type: ignore[attr-defined]
         self._fill += n
-        return Window(mv[: self._fill], 0, n == 0, self._origin)
+        return Window(mv[: self._fill], keep, n == 0, self._origin)
 
 
 class MappedWindows:
@@ -77,7 +78,8 @@ class MappedWindows:
 
     def advance(self, pos: int, need: int) -> Window:
         offset = self._start + pos
-        start = offset - offset % _PAGE
+        start = max(self._base, offset - HISTORY)
+        start -= start % _PAGE
         skip = offset - start
         left = os.fstat(self._fd).st_size - start
         length = min(max(self._size, _pages(skip + need)), left)
