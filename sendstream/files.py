@@ -170,12 +170,19 @@ def atomic_output(path: str) -> Iterator[BinaryIO]:
     """Write ``path`` through a temporary file renamed into place on success.
 
     On an error nothing is left behind, and an existing file is untouched.
-    ``-`` writes to standard output directly.
+    ``-`` writes to standard output, and a path that exists but is not a
+    regular file (a device such as /dev/null, a fifo) is written directly:
+    renaming over it would replace it.
     """
     if path == "-":
         yield sys.stdout.buffer
         sys.stdout.buffer.flush()
         return
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            with open(path, "wb") as direct:
+                yield direct
+            return
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".sendstream-", dir=directory)
     try:

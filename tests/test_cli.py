@@ -121,3 +121,18 @@ def test_traceback_flag_and_version() -> None:
     assert result.returncode == 4 and b"Traceback" in result.stderr
     assert run("--version").stdout.startswith(b"sendstream, version ")
     assert subprocess.run(["sendstream", "--help"], capture_output=True).returncode == 0
+
+
+def test_convert_into_a_fifo_writes_through_it(tmp_path: Path) -> None:
+    """A path that is not a regular file (a fifo, /dev/null) is written, never replaced."""
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    result = run("convert", str(SAMPLE), str(fifo))
+    reader.join(timeout=30)
+    assert result.returncode == 0 and received == [SAMPLE.read_bytes()]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo"] and fifo.is_fifo()
