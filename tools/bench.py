@@ -176,6 +176,7 @@ def make_tools(sendstream: str, btrfs: str, cat: str, stream: pathlib.Path) -> l
         Tool(BTRFS_LABEL, (btrfs, "receive", "--dump"), pipe_in=True),
         Tool("sendstream verify", (sendstream, "verify", s), capture=True),
         Tool("sendstream dump", (sendstream, "dump", s)),
+        Tool("sendstream repair FILE -", (sendstream, "repair", "-q", s, "-")),
         Tool("sendstream convert FILE -", (sendstream, "convert", s, "-")),
     ]
 
