@@ -10,11 +10,13 @@ rm -f "$work"/sendstream/*.so
 gcc -shared -fPIC -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all -pthread \
     $(python3-config --includes) "$root/sendstream/_native.c" \
     -o "$work/sendstream/_native$(python3-config --extension-suffix)"
-cd "$root"
+# run from the copy: `python3 -m pytest` puts the working directory first on sys.path
+cd "$work"
 export PYTHONPATH="$work"
 export LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # the sanitized build must be the one imported
-python3 -c "import sendstream.native as n, sys; sys.exit(not (n.NATIVE and n.module.__file__.startswith('$work')))"
-python3 -m pytest -q -p no:cacheprovider tests/test_native.py tests/test_restart.py tests/test_properties.py \
-    tests/test_corrupt.py -k "not live" "$@"
+python3 -c "import sendstream.native as n; assert n.NATIVE and n.module.__file__.startswith('$work'), n.module"
+t="$root/tests"
+python3 -m pytest -q -p no:cacheprovider --rootdir "$root" "$t/test_native.py" "$t/test_restart.py" \
+    "$t/test_properties.py" "$t/test_corrupt.py" -k "not live" "$@"
