@@ -30,29 +30,22 @@ def encode_stream_header(version: int) -> bytes:
     return STREAM_HEADER.pack(STREAM_MAGIC, version)
 
 
-def encode_payload(command: Command, version: int) -> list[bytes | memoryview]:
-    """The command's TLV bytes as a list of pieces (data is not copied)."""
-    if command.attributes is None:
-        return [command.payload or b""]
-    pieces: list[bytes | memoryview] = []
-    for t, value in command.attributes:
-        if t == A_DATA and version >= 2:
-            pieces.append(TLV_TYPE.pack(t))
-        else:
-            if len(value) > _TLV_MAX:
-                raise e.UsageError(f"attribute {t} of {command.name}: {len(value)} bytes do not fit a TLV")
-            pieces.append(TLV_HEADER.pack(t, len(value)))
-        pieces.append(value)
-    return pieces
-
-
 def encode_command(command: Command, version: int) -> bytes:
     """One command with its header and a CRC computed over the result."""
-    pieces = encode_payload(command, version)
-    length = sum(len(p) for p in pieces)
-    out = bytearray(COMMAND_HEADER.pack(length, command.cmd, 0))
-    for p in pieces:
-        out += p
+    out = bytearray(COMMAND_HEADER.size)
+    if command.attributes is None:
+        out += command.payload or b""
+    else:
+        for t, value in command.attributes:
+            if t == A_DATA and version >= 2:
+                out += TLV_TYPE.pack(t)
+            elif len(value) > _TLV_MAX:
+                raise e.UsageError(f"attribute {t} of {command.name}: {len(value)} bytes do not fit a TLV")
+            else:
+                out += TLV_HEADER.pack(t, len(value))
+            out += value
+    length = len(out) - COMMAND_HEADER.size
+    COMMAND_HEADER.pack_into(out, 0, length, command.cmd, 0)
     COMMAND_HEADER.pack_into(out, 0, length, command.cmd, crc32c(out))
     return bytes(out)
 

@@ -36,6 +36,7 @@ DEFAULT_DIR = pathlib.Path("/var/tmp/sendstream-bench")
 STREAMS = ("bigwrite", "metadata")
 QUICK_STREAMS = ("metadata",)
 SUMMARY_RE = re.compile(rb"^(?:OK|FAILED[^:]*): \d+ streams?, (\d+) commands, ", re.M)
+INNER_RE = re.compile(rb" bytes in (\d+\.\d+) s ")
 CRC_RE = re.compile(rb"^sendstream: verifier: .*$", re.M)
 CAT_LABEL = "cat"
 BTRFS_LABEL = "btrfs receive --dump"
@@ -259,6 +260,13 @@ def table(name: str, stream: pathlib.Path, results: list[Result], commands: int 
             f"| `{r.tool.label}` | {t:.3f} | {size / t / 1e6:,.1f} | {mcps} "
             f"| {fmt_ratio(t_btrfs, t)} | {fmt_ratio(t_cat, t)} | {fmt_rss(r)} |"
         )
+    inner = INNER_RE.search(by_label["sendstream verify"].output)
+    if inner and commands is not None and (t := float(inner.group(1))) > 0:
+        lines += [
+            "",
+            f"`sendstream verify`'s own time (in process, without the interpreter's start): {t:.3f} s, "
+            f"{size / t / 1e9:.2f} GB/s, {commands / t / 1e6:.1f} M commands/s.",
+        ]
     return "\n".join(lines)
 
 
