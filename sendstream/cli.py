@@ -6,9 +6,15 @@ table of exit codes.
 
 from __future__ import annotations
 
+import contextlib
+import getpass
+import os
+import shlex
+import subprocess
 import sys
 import traceback
-from typing import IO, Any, BinaryIO
+from collections.abc import Iterator
+from typing import IO, TYPE_CHECKING, Any, BinaryIO
 
 import click
 
@@ -23,7 +29,16 @@ from .files import FlushBeforeRead, atomic_output, file_events, is_regular, open
 from .format import MAX_VERSION
 from .native import PATH
 from .repair import Healer
-from .verify import find_headers, verify_file
+from .verify import Report, find_headers, verify_file
+
+if TYPE_CHECKING:
+    from .tls import Channel
+    from .transport import Progress, Summary
+
+# The network, extraction and path modules load when their command runs:
+# they cost a third of the start-up time of every other command.
+TLS_MODES = ("none", "tls12-aes128-gcm", "tls12-aes256-gcm", "tls13-aes128-gcm", "tls13-aes256-gcm")
+DEFAULT_TLS_MODE = "tls13-aes128-gcm"
 
 
 def _max_size_option(f: Any) -> Any:
@@ -33,6 +48,24 @@ def _max_size_option(f: Any) -> Any:
         default=None,
         metavar="BYTES",
         help="Largest command payload accepted (default: the kernel's limit for the stream's version).",
+    )(f)
+
+
+def _tls_options(f: Any) -> Any:
+    f = click.option("--identity", default="sendstream", show_default=True, help="Name of the pre-shared key.")(f)
+    f = click.option(
+        "--key",
+        "key_file",
+        type=click.Path(dir_okay=False),
+        help="Pre-shared key file (PEM, else raw bytes); without it, a password is asked on the terminal.",
+    )(f)
+    return click.option(
+        "--tls",
+        "mode",
+        type=click.Choice(TLS_MODES),
+        default=DEFAULT_TLS_MODE,
+        show_default=True,
+        help="TLS version and cipher; 'none' is raw TCP (only when asked).",
     )(f)
 
 
@@ -81,10 +114,23 @@ def dump(stream: str, as_json: bool, strict: bool, max_command_size: int | None)
 @click.argument("stream", default="-")
 @click.option("--keep-going", is_flag=True, help="Report every problem, not only the first.")
 @click.option("--scan", is_flag=True, help="Only list every stream header in STREAM, wherever it is.")
+@click.option("--from-socket", "address", metavar="HOST:PORT", help="Listen there and verify what one sender sends.")
+@_tls_options
 @click.option("-q", "--quiet", is_flag=True, help="No summary line.")
 @click.option("-v", "--verbose", is_flag=True, help="Say which verifier and CRC implementation ran.")
 @_max_size_option
-def verify(stream: str, keep_going: bool, scan: bool, quiet: bool, verbose: bool, max_command_size: int | None) -> None:
+def verify(
+    stream: str,
+    keep_going: bool,
+    scan: bool,
+    address: str | None,
+    mode: str,
+    key_file: str | None,
+    identity: str,
+    quiet: bool,
+    verbose: bool,
+    max_command_size: int | None,
+) -> None:
     """Check STREAM (a file or -): framing, CRCs, commands, attributes, END."""
     if verbose:
         click.echo(f"sendstream: verifier: {PATH}; crc32c: {IMPLEMENTATION}", err=True)
@@ -97,8 +143,11 @@ def verify(stream: str, keep_going: bool, scan: bool, quiet: bool, verbose: bool
         if not quiet:
             click.echo(f"{len(headers)} stream header{'s' * (len(headers) != 1)}")
         return
-    with open_input(stream) as source:
-        report = verify_file(source, keep_going=keep_going, max_command_size=max_command_size)
+    if address:
+        report = _verify_from_socket(address, mode, key_file, identity, keep_going, max_command_size, verbose)
+    else:
+        with open_input(stream) as source:
+            report = verify_file(source, keep_going=keep_going, max_command_size=max_command_size)
     for problem in report.problems:
         click.echo(f"sendstream: error: {problem}", err=True)
     if not quiet:
@@ -129,6 +178,47 @@ def convert(source: str, target: str, max_command_size: int | None) -> None:
                 raise framer.problems[-1]
             out.write(encoder.send(event))
     _warn(framer.problems, 0)
+
+
+def _verify_from_socket(
+    address: str,
+    mode: str,
+    key_file: str | None,
+    identity: str,
+    keep_going: bool,
+    max_command_size: int | None,
+    verbose: bool,
+) -> Report:
+    from .transport import ChannelReader, answer
+
+    with _accepted(address, mode, key_file, identity, verbose) as channel:
+        reader = ChannelReader(channel)
+        report = verify_file(reader, keep_going=keep_going, max_command_size=max_command_size)  # type: ignore[arg-type]
+        first = report.problems[0] if report.problems else None
+        answer(channel, report.exit_code, str(first) if first else "ok")
+    return report
+
+
+@contextlib.contextmanager
+def _accepted(address: str, mode: str, key_file: str | None, identity: str, verbose: bool) -> Iterator[Channel]:
+    """Listen, accept one sender and shake hands; on an error, tell the sender before raising."""
+    from .tls import accept_channel
+    from .transport import answer, listen, parse_address
+
+    key = _psk(mode, key_file, identity)
+    host, port = parse_address(address, listen=True)
+    with listen(host, port) as server:
+        sock, _ = server.accept()
+    with sock:
+        channel = accept_channel(sock, mode, (lambda name: key if name == identity else None) if key else None)
+        if verbose:
+            click.echo(f"sendstream: {channel.describe()}", err=True)
+        try:
+            yield channel
+        except e.SendStreamError as exc:
+            with contextlib.suppress(OSError, e.SendStreamError):
+                answer(channel, exc.exit_code, str(exc))
+            raise
 
 
 @cli.command()
@@ -172,6 +262,196 @@ def repair(source: str, target: str, keep_last: bool, quiet: bool, max_command_s
             f"{healer.written} bytes written, {healer.dropped} dropped",
             err=True,
         )
+
+
+def _psk(mode: str, key_file: str | None, identity: str) -> bytes | None:
+    from .tls import derive_key, load_key
+
+    if mode == "none":
+        click.echo("sendstream: warning: --tls none: the stream crosses the network unencrypted", err=True)
+        return None
+    if key_file:
+        return load_key(key_file)
+    if not sys.stdin.isatty() and not os.path.exists("/dev/tty"):
+        raise e.UsageError("no --key and no terminal to ask for a password")
+    return derive_key(getpass.getpass(f"password for {identity!r}: "), identity)
+
+
+def _quiet_progress(label: str, quiet: bool) -> Progress:
+    from .transport import Progress
+
+    return Progress(label, enabled=False if quiet else None)
+
+
+@cli.command()
+@click.option("--to", "target", required=True, metavar="HOST:PORT", help="Where a `sendstream receive` listens.")
+@click.argument("stream", default="-")
+@_tls_options
+@click.option("-q", "--quiet", is_flag=True, help="No progress and no summary.")
+@click.option("-v", "--verbose", is_flag=True, help="Say which TLS path each direction uses.")
+def send(target: str, stream: str, mode: str, key_file: str | None, identity: str, quiet: bool, verbose: bool) -> None:
+    """Check, heal and send STREAM (a file or -, e.g. from `btrfs send`) to HOST:PORT."""
+    from .tls import connect_channel
+    from .transport import connect, parse_address, send_stream
+
+    key = _psk(mode, key_file, identity)
+    host, port = parse_address(target)
+    with open_input(stream) as source, connect(host, port) as sock:
+        channel = connect_channel(sock, mode, key, identity)
+        if verbose:
+            click.echo(f"sendstream: {channel.describe()}", err=True)
+        summary = send_stream(source, channel, _quiet_progress("sent", quiet))
+    if not quiet:
+        click.echo(f"sendstream: {summary.line('sent')}", err=True)
+
+
+@cli.command()
+@click.option("--listen", "address", required=True, metavar="HOST:PORT", help="Address to listen on ('*:PORT': all).")
+@click.option("-o", "--output", default=None, metavar="FILE", help="Write the stream to FILE (- for stdout).")
+@click.option("--exec", "command", default=None, metavar="CMD", help="Write the stream to the stdin of CMD.")
+@_tls_options
+@click.option("-q", "--quiet", is_flag=True, help="No progress and no summary.")
+@click.option("-v", "--verbose", is_flag=True, help="Say which TLS path each direction uses.")
+def receive(
+    address: str,
+    output: str | None,
+    command: str | None,
+    mode: str,
+    key_file: str | None,
+    identity: str,
+    quiet: bool,
+    verbose: bool,
+) -> None:
+    """Accept one sender, check every command, and write only checked ones
+    to stdout, a file or the stdin of CMD (e.g. 'btrfs receive DIR')."""
+    from .transport import answer, receive_stream
+
+    if output and command:
+        raise e.UsageError("give -o or --exec, not both")
+    with _accepted(address, mode, key_file, identity, verbose) as channel:
+        progress = _quiet_progress("received", quiet)
+        if command:
+            summary = _receive_into_child(channel, command, progress)
+        else:
+            with atomic_output(output or "-") as out:
+                summary = receive_stream(channel, out.write, progress)
+        answer(channel, 0, "ok")
+    if not quiet:
+        click.echo(f"sendstream: {summary.line('received')}", err=True)
+
+
+def _receive_into_child(channel: Channel, command: str, progress: Progress) -> Summary:
+    from .transport import receive_stream
+
+    child = subprocess.Popen(shlex.split(command), stdin=subprocess.PIPE)
+    assert child.stdin is not None
+    try:
+        summary = receive_stream(channel, child.stdin.write, progress)
+    finally:
+        # nothing unchecked was written: on an error the child sees its input end early
+        with contextlib.suppress(BrokenPipeError):
+            child.stdin.close()
+        code = child.wait()
+    if code:
+        raise e.ChildFailed(f"{command!r} exited with status {code}")
+    return summary
+
+
+@cli.command()
+@click.argument("stream")
+@click.argument("directory", metavar="DIR", type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--clone-from",
+    "clone_from",
+    multiple=True,
+    metavar="[UUID=]DIR",
+    help="A clone source: UUID=DIR is the extraction of subvolume UUID; a plain DIR holds such "
+    "extractions in subdirectories named by UUID. Repeatable.",
+)
+@click.option(
+    "--per-subvolume",
+    is_flag=True,
+    help="Put each subvolume in DIR/NAME, as btrfs receive does (for an input of several subvolumes).",
+)
+@click.option("-q", "--quiet", is_flag=True, help="No warnings about skipped commands and no summary.")
+@_max_size_option
+def extract(
+    stream: str,
+    directory: str,
+    clone_from: tuple[str, ...],
+    per_subvolume: bool,
+    quiet: bool,
+    max_command_size: int | None,
+) -> None:
+    """Apply STREAM (a file or -) to DIR in user space, without btrfs.
+
+    A full stream needs an empty DIR, which becomes the subvolume; an
+    incremental one is applied in place onto a DIR that holds the extraction
+    of its parent. Nothing is ever written outside DIR: paths with '..',
+    absolute paths and paths through symlinks are refused. Commands that
+    cannot apply here (fileattr, --no-data extents, xattrs or devices the
+    file system or user may not have) are skipped with a warning.
+    """
+    from .extract import Extractor, parse_clone_from
+
+    sources, dirs = parse_clone_from(clone_from)
+    framer = Framer(max_command_size=max_command_size)
+    with (
+        open_input(stream) as source,
+        Extractor(directory, clone_sources=sources, clone_dirs=dirs, per_subvolume=per_subvolume) as extractor,
+    ):
+        for event in file_events(source, framer):
+            extractor.event(event)
+    _warn(framer.problems, 0)
+    if not quiet:
+        report = extractor.report
+        for first, count in report.skip_groups():
+            more = f" (and {count - 1} more like it)" if count > 1 else ""
+            click.echo(f"sendstream: warning: skipped: {first}{more}", err=True)
+        click.echo(f"sendstream: {report.summary()}", err=True)
+
+
+@cli.command()
+@click.argument("stream", default="-")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines: one object per command.")
+@_max_size_option
+def paths(stream: str, as_json: bool, max_command_size: int | None) -> None:
+    """Print each command of STREAM (a file or -) with the final path it affects.
+
+    btrfs send makes files under temporary names (o<ino>-<gen>-<seq>) and
+    renames them later; each command is shown with the path its file has
+    once its subvolume is done (- when the file is gone, . for the root),
+    and was=PATH when the command named another. Output for a subvolume
+    comes when its END is read.
+    """
+    from .paths import record_json_line, record_line, resolve
+
+    out = sys.stdout.buffer
+    framer = Framer(max_command_size=max_command_size)
+    line = record_json_line if as_json else record_line
+    with open_input(stream) as source:
+        try:
+            for record in resolve(file_events(source, framer)):
+                out.write(line(record))
+        finally:
+            out.flush()
+    _warn(framer.problems, 0)
+
+
+@cli.command()
+@click.argument("stream", default="-")
+@_max_size_option
+def stats(stream: str, max_command_size: int | None) -> None:
+    """Count commands and bytes per command kind in each stream of STREAM (a file or -)."""
+    from .paths import Statistics, statistics_lines
+
+    framer = Framer(max_command_size=max_command_size)
+    statistics = Statistics()
+    with open_input(stream) as source:
+        for event in file_events(source, framer):
+            statistics.feed(event)
+    click.echo("\n".join(statistics_lines(statistics)))
+    _warn(framer.problems, 0)
 
 
 def _report(exc: BaseException, show_traceback: bool, err: IO[str]) -> None:

@@ -15,6 +15,8 @@ EXIT_USAGE = 2
 EXIT_TRUNCATED = 3
 EXIT_IO = 4
 EXIT_RESTARTED = 5
+EXIT_TLS = 6
+EXIT_CHILD = 7
 
 
 class SendStreamError(Exception):
@@ -27,6 +29,20 @@ class UsageError(SendStreamError):
     """The caller misused the library (not a problem of the stream)."""
 
     exit_code = EXIT_USAGE
+
+
+class RemoteError(SendStreamError):
+    """The peer reported a failure (its exit code is kept)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class ChildFailed(SendStreamError):
+    """The command given to ``receive --exec`` failed."""
+
+    exit_code = EXIT_CHILD
 
 
 class FormatError(SendStreamError):

@@ -1,0 +1,1374 @@
+"""Apply send streams to a plain directory, in user space (no btrfs needed).
+
+:class:`Extractor` does what ``btrfs receive`` does, command by command and
+in stream order, on any Linux file system: the subvolume of a full stream
+(SUBVOL) becomes the directory DIR itself, and an incremental stream
+(SNAPSHOT) is applied in place onto a DIR that holds the extraction of its
+parent. With ``per_subvolume=True`` each subvolume goes to ``DIR/NAME``
+instead, as ``btrfs receive DIR`` places it; that is how an input holding
+several subvolumes (``btrfs send A B``, with or without ``-e``) is extracted.
+
+Safety: nothing is ever written outside DIR, whatever the stream says.
+Every path must be relative and made of plain names (no ``..``, ``.``,
+empty or absolute components); every directory on the way is opened
+relative to the previous one with ``O_NOFOLLOW | O_DIRECTORY``, so a symlink
+anywhere in a path is refused; the last component is acted on with the
+``*at`` calls that do not follow symlinks (``renameat``, ``linkat`` without
+``AT_SYMLINK_FOLLOW``, ``fchownat``/``utimensat`` with
+``AT_SYMLINK_NOFOLLOW``, ``l*xattr``); file data is written only to regular
+files opened ``O_PATH | O_NOFOLLOW``, checked, then reopened through
+``/proc/self/fd`` (so a fifo or a device node is never opened, and a
+symlink never followed). CHMOD of a symlink is refused (chmod follows
+symlinks; the kernel never sends it). A clone reads only from DIR or from a
+clone-source directory given by the caller, through the same checks.
+
+Errors: every problem raises an :class:`ExtractError` naming the byte
+offset, the command index and name, the path and what was expected. All
+checks, path resolution and decompression happen before a command changes
+anything, so a refused command leaves no trace; only an error of the file
+system in the middle of a data command (ENOSPC) can leave that command's
+range partly written, as with ``btrfs receive``. Commands before the failing
+one stay applied (like ``btrfs receive``, there is no rollback).
+
+Differences from ``btrfs receive``, by design or by necessity:
+
+- no subvolume, no received UUID, no read-only flag: DIR is a plain directory;
+- MKFILE refuses an existing name (btrfs-progs ``creat()`` would truncate it,
+  or follow a symlink there);
+- FILEATTR (inode flags) is ignored, as btrfs-progs 6.2 ignores it;
+  UPDATE_EXTENT (``--no-data``) carries no data and is skipped, as there;
+- CLONE is a reflink (``FICLONERANGE``) where DIR's file system can, else a
+  copy that keeps the source's holes;
+- ENCODED_WRITE is always decompressed (zlib, zstd, lzo) and written;
+- ENABLE_VERITY is tried with ``FS_IOC_ENABLE_VERITY`` and skipped (reported)
+  where the file system refuses;
+- when not permitted (not root), device nodes become empty regular files,
+  and CHOWN and xattrs the file system refuses (``btrfs.*`` outside btrfs,
+  ``trusted.*`` without privilege) are skipped; each skip is reported in
+  :attr:`ExtractReport.skipped`;
+- a CLONE whose source range starts at or beyond the source's end (``--no-data``
+  streams) is skipped with a report, where btrfs receive fails (EINVAL).
+
+Not checked: that DIR really holds the parent of an incremental stream. btrfs
+finds the parent by its received UUID; a plain directory has no such record
+(keeping one would add a file or an xattr that the subvolume does not have).
+Applied to the wrong directory, an incremental fails at the first command
+that does not fit, with the commands before it applied. A clone from the
+parent snapshot needs an untouched copy of the parent (``clone_sources``),
+since DIR has changed in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import dataclasses
+import errno
+import fcntl
+import os
+import stat
+import struct
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, BinaryIO
+from uuid import UUID
+
+from . import errors as e
+from .command import Command
+from .decoder import EndOfInput, Restart
+from .dump import escape
+from .files import file_events
+from .paths import Statistics
+
+__all__ = [
+    "ApplyError",
+    "BadCommand",
+    "CloneSourceMissing",
+    "ExtractError",
+    "ExtractReport",
+    "Extractor",
+    "Skipped",
+    "UnsafePath",
+    "decompress",
+    "extract",
+    "lzo1x_decompress",
+    "parse_clone_from",
+    "split_path",
+]
+
+# The largest unencoded extent btrfs writes (BTRFS_MAX_UNCOMPRESSED): the
+# default limit on what one ENCODED_WRITE may decompress to.
+MAX_UNENCODED = 128 * 1024
+NAME_MAX = 255
+PATH_MAX = 4096
+_OFF_MAX = (1 << 63) - 1
+_NSEC = 1_000_000_000
+
+# fallocate(2) modes the kernel sends, and ZERO_RANGE.
+FALLOC_FL_KEEP_SIZE = 0x01
+FALLOC_FL_PUNCH_HOLE = 0x02
+FALLOC_FL_ZERO_RANGE = 0x10
+_FALLOC_ALLOWED = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE
+
+FICLONERANGE = 0x4020940D  # _IOW(0x94, 13, struct file_clone_range)
+FS_IOC_ENABLE_VERITY = 0x40806685  # _IOW('f', 133, struct fsverity_enable_arg)
+
+COMPRESSION_NONE = 0
+COMPRESSION_ZLIB = 1
+COMPRESSION_ZSTD = 2
+COMPRESSION_LZO_4K = 3
+COMPRESSION_LZO_64K = 7
+
+_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FD_CACHE_MAX = 256
+
+
+# --- errors ----------------------------------------------------------------
+
+
+def _show(raw: bytes) -> str:
+    return escape(raw).decode("ascii", "backslashreplace")
+
+
+class ExtractError(e.SendStreamError):
+    """Applying a stream failed at a command; nothing of that command was done.
+
+    Like :class:`sendstream.errors.FormatError` it carries ``offset``,
+    ``index``, ``command``, ``expected`` and ``actual``, plus the ``path`` the
+    command names and, for an error of the file system, its ``errno``.
+    """
+
+    kind = "cannot extract"
+    exit_code = e.EXIT_CORRUPT
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        offset: int | None = None,
+        index: int | None = None,
+        command: str | None = None,
+        path: bytes | None = None,
+        expected: object = None,
+        actual: object = None,
+        errno: int | None = None,
+    ) -> None:
+        self.message = message
+        self.offset = offset
+        self.index = index
+        self.command = command
+        self.path = path
+        self.expected = expected
+        self.actual = actual
+        self.errno = errno
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        where = []
+        if self.offset is not None:
+            where.append(f"offset {self.offset}")
+        if self.index is not None:
+            where.append(f"command #{self.index}" + (f" ({self.command})" if self.command else ""))
+        elif self.command is not None:
+            where.append(self.command)
+        if self.path is not None:
+            where.append(f"path '{_show(self.path)}'")
+        text = f"{', '.join(where)}: " if where else ""
+        text += f"{self.kind}: {self.message}"
+        if self.expected is not None:
+            text += f"; expected {self.expected}"
+            if self.actual is not None:
+                text += f", got {self.actual}"
+        return text
+
+
+class UnsafePath(ExtractError):
+    """The stream names a path that leaves DIR or goes through a symlink."""
+
+    kind = "unsafe path"
+
+
+class BadCommand(ExtractError):
+    """A command's values cannot be applied (out of range, bad compressed data,
+    a command out of place)."""
+
+    kind = "bad command"
+
+
+class ApplyError(ExtractError):
+    """The file system refused the command (the errno is kept)."""
+
+    kind = "cannot apply"
+    exit_code = e.EXIT_IO
+
+
+class CloneSourceMissing(ExtractError):
+    """A CLONE names a subvolume that was not given as a clone source."""
+
+    kind = "clone source not found"
+    exit_code = e.EXIT_USAGE
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Skipped:
+    """A command (or part of one) not applied, and why; extraction went on."""
+
+    offset: int
+    index: int
+    command: str
+    path: bytes
+    reason: str
+
+    def __str__(self) -> str:
+        return f"offset {self.offset}, command #{self.index} ({self.command}), path '{_show(self.path)}': {self.reason}"
+
+
+@dataclasses.dataclass(slots=True)
+class Subvolume:
+    """A subvolume the input held, and where it went."""
+
+    kind: str  # "subvol" (full) or "snapshot" (incremental)
+    path: bytes
+    uuid: UUID
+    parent_uuid: UUID | None
+    directory: str
+
+
+@dataclasses.dataclass(slots=True)
+class ExtractReport:
+    """What an extraction did: subvolumes, statistics per stream, skips."""
+
+    subvolumes: list[Subvolume] = dataclasses.field(default_factory=list)
+    statistics: Statistics = dataclasses.field(default_factory=Statistics)
+    skipped: list[Skipped] = dataclasses.field(default_factory=list)
+    applied: int = 0
+    data_bytes: int = 0  # file bytes written (WRITE, ENCODED_WRITE unencoded) and cloned
+
+    def skip_groups(self) -> list[tuple[Skipped, int]]:
+        """The skips grouped by command and kind of reason: the first of each, and how many."""
+        groups: dict[tuple[str, str], list[Skipped]] = {}
+        for s in self.skipped:
+            groups.setdefault((s.command, s.reason.split(":")[0]), []).append(s)
+        return [(items[0], len(items)) for items in groups.values()]
+
+    def summary(self) -> str:
+        """One line: the subvolumes, commands applied, file bytes, skips."""
+        subvolumes = ", ".join(
+            f"'{_show(s.path)}' ({'full' if s.kind == 'subvol' else f'incremental on {s.parent_uuid}'}) "
+            f"into {s.directory}"
+            for s in self.subvolumes
+        )
+        return (
+            f"extracted {subvolumes or 'nothing'}: {self.applied} commands applied, "
+            f"{self.data_bytes} bytes of file data written or cloned, "
+            f"{len(self.skipped)} skipped"
+        )
+
+
+def parse_clone_from(values: Iterable[str]) -> tuple[dict[UUID, str], list[str]]:
+    """``--clone-from`` values: ``UUID=DIR`` maps one subvolume, a plain ``DIR``
+    holds extractions in subdirectories named by UUID. Returns both kinds."""
+    sources: dict[UUID, str] = {}
+    dirs: list[str] = []
+    for value in values:
+        head, sep, tail = value.partition("=")
+        try:
+            key = UUID(head) if sep else None
+        except ValueError:
+            key = None
+        if key is None:
+            dirs.append(value)
+        else:
+            sources[key] = tail
+    return sources, dirs
+
+
+# --- paths -----------------------------------------------------------------
+
+
+def split_path(raw: bytes, *, what: str = "path") -> tuple[bytes, ...]:
+    """The components of a stream path; ``()`` for the subvolume root (``b""``).
+
+    Raises :class:`UnsafePath` for an absolute path, a NUL, or an empty,
+    ``.`` or ``..`` component.
+    """
+    if not raw:
+        return ()
+    expected = "a relative path of plain names (no '/', '.', '..' or empty components)"
+    if raw.startswith(b"/"):
+        raise UnsafePath(f"the {what} is absolute", expected=expected)
+    if b"\0" in raw:
+        raise UnsafePath(f"the {what} holds a NUL byte", expected=expected)
+    if len(raw) >= PATH_MAX:
+        raise UnsafePath(f"the {what} is {len(raw)} bytes long", expected=f"less than {PATH_MAX}")
+    parts = tuple(raw.split(b"/"))
+    for part in parts:
+        if part in (b"", b".", b".."):
+            shown = "an empty" if not part else f"a '{part.decode()}'"
+            raise UnsafePath(f"the {what} has {shown} component", expected=expected)
+        if len(part) > NAME_MAX:
+            raise UnsafePath(f"a component of the {what} is {len(part)} bytes long", expected=f"at most {NAME_MAX}")
+    return parts
+
+
+def _proc(fd: int, name: bytes | None = None) -> bytes:
+    """The /proc/self/fd path of ``fd`` (and ``name`` in it, for the l* calls)."""
+    base = b"/proc/self/fd/%d" % fd
+    return base if name is None else base + b"/" + name
+
+
+class _Tree:
+    """A directory opened once; paths below it resolved without following symlinks.
+
+    Directory fds of resolved parents are cached (keyed by their components)
+    until :meth:`forget` (after anything that moves or removes directories);
+    :meth:`trim` bounds the cache between commands, never during one, so an
+    fd a command holds stays valid until it is done.
+    """
+
+    def __init__(self, fd: int, label: str) -> None:
+        self.fd = fd
+        self.label = label
+        self._dirs: dict[tuple[bytes, ...], int] = {}
+
+    def forget(self) -> None:
+        for fd in self._dirs.values():
+            os.close(fd)
+        self._dirs.clear()
+
+    def forget_under(self, parts: tuple[bytes, ...]) -> None:
+        """Forget the directories at ``parts`` and below (it was moved or removed)."""
+        if parts not in self._dirs:  # the cache holds every ancestor of what it holds
+            return
+        n = len(parts)
+        for key in [k for k in self._dirs if k[:n] == parts]:
+            os.close(self._dirs.pop(key))
+
+    def trim(self) -> None:
+        if len(self._dirs) >= _FD_CACHE_MAX:
+            self.forget()
+
+    def close(self) -> None:
+        self.forget()
+        os.close(self.fd)
+
+    def directory(self, parts: tuple[bytes, ...]) -> int:
+        """The fd of the directory ``parts`` (borrowed: valid until :meth:`forget`)."""
+        if not parts:
+            return self.fd
+        fd = self._dirs.get(parts)
+        if fd is not None:
+            return fd
+        parent = self.directory(parts[:-1])
+        name = parts[-1]
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                with contextlib.suppress(OSError):
+                    if stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+                        raise UnsafePath(
+                            f"'{_show(b'/'.join(parts))}' in {self.label} is a symlink",
+                            expected="a directory (symlinks are never followed)",
+                        ) from None
+                raise ApplyError(
+                    f"'{_show(b'/'.join(parts))}' in {self.label} is not a directory",
+                    errno=errno.ENOTDIR,
+                ) from None
+            raise ApplyError(
+                f"cannot open directory '{_show(b'/'.join(parts))}' in {self.label}: {exc.strerror}",
+                errno=exc.errno,
+            ) from None
+        self._dirs[parts] = fd
+        return fd
+
+    def open_regular(self, parts: tuple[bytes, ...], flags: int, what: str) -> int:
+        """An fd of the regular file at ``parts`` opened with ``flags``.
+
+        The file is first opened ``O_PATH | O_NOFOLLOW`` and checked, then
+        reopened through /proc: a symlink is never followed and a fifo or a
+        device node never opened.
+        """
+        if not parts:
+            raise BadCommand(f"the subvolume root is not a regular file ({what})", expected="a file path")
+        parent = self.directory(parts[:-1])
+        try:
+            pfd = os.open(parts[-1], os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        except OSError as exc:
+            raise ApplyError(f"cannot open {what}: {exc.strerror}", errno=exc.errno) from None
+        try:
+            st = os.fstat(pfd)
+            if stat.S_ISLNK(st.st_mode):
+                raise UnsafePath(f"the {what} is a symlink", expected="a regular file (symlinks are never followed)")
+            if not stat.S_ISREG(st.st_mode):
+                raise BadCommand(
+                    f"the {what} is not a regular file", expected="a regular file", actual=_kind(st.st_mode)
+                )
+            try:
+                # no O_NOFOLLOW here: the /proc link is the way to the very inode checked
+                fd = os.open(_proc(pfd), flags | os.O_CLOEXEC | os.O_NOCTTY)
+            except OSError as exc:
+                if exc.errno == errno.EPERM and flags & os.O_NOATIME:
+                    fd = os.open(_proc(pfd), (flags & ~os.O_NOATIME) | os.O_CLOEXEC | os.O_NOCTTY)
+                else:
+                    raise ApplyError(f"cannot open {what}: {exc.strerror}", errno=exc.errno) from None
+        finally:
+            os.close(pfd)
+        again = os.fstat(fd)
+        if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino):  # pragma: no cover - needs a race
+            os.close(fd)
+            raise UnsafePath(f"the {what} changed while it was opened", expected="no concurrent changes in DIR")
+        return fd
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISLNK, "symlink"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISFIFO, "fifo"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISREG, "regular file"),
+    ):
+        if test(mode):
+            return name
+    return f"mode {mode:o}"
+
+
+# --- decompression ----------------------------------------------------------
+
+
+class _LzoError(ValueError):
+    pass
+
+
+def lzo1x_decompress(src: bytes | memoryview, limit: int) -> bytes:
+    """Decompress one LZO1X block (as ``lzo1x_decompress_safe``), at most ``limit`` bytes out.
+
+    Raises ValueError on any malformed input: overruns of input, output
+    or look-behind, or input left after the end marker.
+    """
+    data = bytes(src)
+    n = len(data)
+    out = bytearray()
+    ip = 0
+
+    def byte() -> int:
+        nonlocal ip
+        if ip >= n:
+            raise _LzoError("input overrun")
+        b = data[ip]
+        ip += 1
+        return b
+
+    def run_length(base: int) -> int:
+        # A zero length field: each zero byte adds 255, then the next byte.
+        nonlocal ip
+        start = ip
+        while ip < n and data[ip] == 0:
+            ip += 1
+        if ip >= n:
+            raise _LzoError("input overrun")
+        zeros = ip - start
+        ip += 1
+        return base + 255 * zeros + data[ip - 1]
+
+    def literals(count: int) -> None:
+        nonlocal ip
+        if ip + count > n:
+            raise _LzoError("input overrun")
+        if len(out) + count > limit:
+            raise _LzoError("output overrun")
+        out.extend(data[ip : ip + count])
+        ip += count
+
+    def match(distance: int, length: int) -> None:
+        start = len(out) - distance
+        if start < 0:
+            raise _LzoError("look-behind overrun")
+        if len(out) + length > limit:
+            raise _LzoError("output overrun")
+        if distance >= length:
+            out.extend(out[start : start + length])
+        else:  # overlapping: the pattern repeats
+            pattern = out[start:]
+            out.extend((pattern * (length // distance + 1))[:length])
+
+    if n < 3:
+        raise _LzoError("input overrun")
+    state = 0  # literals copied right before: 0, 1-3 (after a match), 4 (after a literal run)
+    t = data[0]
+    if t > 17:
+        ip = 1
+        count = t - 17
+        literals(count)
+        state = count if count < 4 else 4
+    while True:
+        t = byte()
+        if t < 16:
+            if state == 0:
+                literals(run_length(15) + 3 if t == 0 else t + 3)
+                state = 4
+                continue
+            trailing = t & 3
+            if state != 4:
+                match(1 + (t >> 2) + (byte() << 2), 2)
+            else:
+                match(1 + 0x800 + (t >> 2) + (byte() << 2), 3)
+        elif t >= 64:
+            trailing = t & 3
+            match(1 + ((t >> 2) & 7) + (byte() << 3), (t >> 5) + 1)
+        elif t >= 32:
+            length = t & 31
+            length = run_length(31) + 2 if length == 0 else length + 2
+            d = byte() | byte() << 8
+            trailing = d & 3
+            match(1 + (d >> 2), length)
+        else:
+            length = t & 7
+            length = run_length(7) + 2 if length == 0 else length + 2
+            d = byte() | byte() << 8
+            trailing = d & 3
+            distance = ((t & 8) << 11) + (d >> 2)
+            if distance == 0:  # the end marker
+                if length != 3:
+                    raise _LzoError("bad end marker")
+                if ip != n:
+                    raise _LzoError(f"{n - ip} bytes of input after the end marker")
+                return bytes(out)
+            match(distance + 0x4000, length)
+        literals(trailing)
+        state = trailing
+
+
+def _lzo_btrfs(data: bytes | memoryview, unencoded_len: int, sector: int) -> bytes:
+    """btrfs' LZO extent format (fs/btrfs/lzo.c): le32 total length, then
+    segments of at most one sector each, each a le32 length and LZO1X data;
+    a segment header never crosses a sector boundary (up to 3 zero bytes pad)."""
+    mv = memoryview(data)
+    if len(mv) < 4:
+        raise _LzoError("lzo header is truncated")
+    total = struct.unpack_from("<I", mv, 0)[0]
+    if total > len(mv):
+        raise _LzoError(f"lzo header says {total} bytes, the data has {len(mv)}")
+    out = bytearray()
+    pos = 4
+    while pos < total and len(out) < unencoded_len:
+        left_in_sector = -pos % sector
+        if left_in_sector < 4:
+            if total - pos <= left_in_sector:
+                break
+            pos += left_in_sector
+        if total - pos < 4:
+            raise _LzoError("lzo segment header is truncated")
+        seg = struct.unpack_from("<I", mv, pos)[0]
+        pos += 4
+        if seg > total - pos:
+            raise _LzoError("lzo segment runs past the extent")
+        out += lzo1x_decompress(mv[pos : pos + seg], sector)  # as btrfs-progs: up to a sector each
+        pos += seg
+    return bytes(out)
+
+
+def decompress(compression: int, data: bytes | memoryview, unencoded_len: int) -> bytes:
+    """The ``unencoded_len`` bytes of an ENCODED_WRITE's data.
+
+    Like btrfs-progs, a shorter output is padded with zeros. Raises
+    ValueError for bad data or an unknown compression, and ImportError when
+    zstd data needs the missing ``zstandard`` package.
+    """
+    if compression == COMPRESSION_NONE:
+        out = bytes(data[:unencoded_len])
+    elif compression == COMPRESSION_ZLIB:
+        try:
+            inflater = zlib.decompressobj()
+            out = inflater.decompress(data, unencoded_len)
+        except zlib.error as exc:
+            raise ValueError(f"zlib: {exc}") from None
+    elif compression == COMPRESSION_ZSTD:
+        out = _zstd(data, unencoded_len)
+    elif COMPRESSION_LZO_4K <= compression <= COMPRESSION_LZO_64K:
+        out = _lzo_btrfs(data, unencoded_len, 1 << (compression - COMPRESSION_LZO_4K + 12))
+    else:
+        raise ValueError(f"unknown compression {compression}")
+    return out + bytes(unencoded_len - len(out)) if len(out) < unencoded_len else out[:unencoded_len]
+
+
+def _zstd(data: bytes | memoryview, limit: int) -> bytes:
+    """One zstd frame (btrfs pads it to the sector), at most ``limit`` bytes out.
+
+    The input goes in small pieces so that a crafted frame cannot make much
+    more than ``limit`` bytes exist at once.
+    """
+    try:
+        import zstandard
+    except ImportError as exc:  # pragma: no cover - depends on the installation
+        raise ImportError("zstd-compressed data needs the zstandard package (pip install zstandard)") from exc
+    inflater = zstandard.ZstdDecompressor().decompressobj()
+    mv = memoryview(data)
+    out = bytearray()
+    try:
+        for pos in range(0, len(mv), _ZSTD_PIECE):
+            out += inflater.decompress(mv[pos : pos + _ZSTD_PIECE])
+            if inflater.eof or len(out) >= limit:
+                break
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"zstd: {exc}") from None
+    return bytes(out[:limit])
+
+
+_ZSTD_PIECE = 256
+
+
+# --- system calls Python does not wrap ---------------------------------------
+
+_libc: Any = None
+
+
+def _fallocate(fd: int, mode: int, offset: int, length: int) -> None:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    if _libc.fallocate(fd, mode, offset, length) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _enable_verity(fd: int, algorithm: int, block_size: int, salt: bytes, sig: bytes) -> None:
+    salt_buf = ctypes.create_string_buffer(salt, len(salt) or 1)
+    sig_buf = ctypes.create_string_buffer(sig, len(sig) or 1)
+    arg = struct.pack(
+        "<IIIIQIIQ88x",
+        1,
+        algorithm,
+        block_size,
+        len(salt),
+        ctypes.addressof(salt_buf) if salt else 0,
+        len(sig),
+        0,
+        ctypes.addressof(sig_buf) if sig else 0,
+    )
+    fcntl.ioctl(fd, FS_IOC_ENABLE_VERITY, arg)
+
+
+# --- the extractor -----------------------------------------------------------
+
+_DATA_COMMANDS = frozenset({"write", "encoded_write", "clone", "truncate", "fallocate", "update_extent"})
+
+
+class Extractor:
+    """Applies the commands of send streams to the directory ``dest``.
+
+    Feed it every event of the input (:meth:`event`) in order, then
+    :meth:`close` (or use it as a context manager). ``clone_sources`` maps
+    the UUID of a clone-source subvolume to the directory holding its
+    extraction; each directory of ``clone_dirs`` may hold such extractions
+    in subdirectories named by UUID (``DIR/9db24a68-fcc1-...``). The
+    subvolume being extracted is its own clone source. ``on_skip`` is
+    called for every :class:`Skipped` as it happens.
+    """
+
+    def __init__(
+        self,
+        dest: str | os.PathLike[str],
+        *,
+        clone_sources: Mapping[UUID, str | os.PathLike[str]] | None = None,
+        clone_dirs: Sequence[str | os.PathLike[str]] = (),
+        per_subvolume: bool = False,
+        max_unencoded: int = MAX_UNENCODED,
+        on_skip: Callable[[Skipped], None] | None = None,
+    ) -> None:
+        self.dest = os.fspath(dest)
+        self.per_subvolume = per_subvolume
+        self.max_unencoded = max_unencoded
+        self.report = ExtractReport()
+        self._on_skip = on_skip
+        self._clone_sources = {u: os.fspath(p) for u, p in (clone_sources or {}).items()}
+        self._clone_dirs = [os.fspath(d) for d in clone_dirs]
+        self._sources: dict[UUID, _Tree] = {}
+        self._dest_fd = os.open(self.dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._tree: _Tree | None = None  # the current subvolume
+        self._root_fd = -1  # an O_RDONLY fd of its root (for f* calls)
+        self._subvolume: Subvolume | None = None
+        self._writing: tuple[tuple[bytes, ...], int] | None = None
+        self._handlers: dict[str, Callable[[Command], None]] = {
+            "subvol": self._subvol,
+            "snapshot": self._snapshot,
+            "mkfile": self._mkfile,
+            "mkdir": self._mkdir,
+            "mknod": self._mknod,
+            "mkfifo": self._mkfifo,
+            "mksock": self._mksock,
+            "symlink": self._symlink,
+            "rename": self._rename,
+            "link": self._link,
+            "unlink": self._unlink,
+            "rmdir": self._rmdir,
+            "set_xattr": self._set_xattr,
+            "remove_xattr": self._remove_xattr,
+            "write": self._write,
+            "clone": self._clone,
+            "truncate": self._truncate,
+            "chmod": self._chmod,
+            "chown": self._chown,
+            "utimes": self._utimes,
+            "end": self._end,
+            "update_extent": self._update_extent,
+            "fallocate": self._fallocate,
+            "fileattr": self._fileattr,
+            "encoded_write": self._encoded_write,
+            "enable_verity": self._enable_verity,
+        }
+        self._cmd: Command | None = None
+
+    # -- lifecycle --
+
+    def __enter__(self) -> Extractor:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every file descriptor (the extraction itself stays)."""
+        self._close_subvolume()
+        for tree in self._sources.values():
+            tree.close()
+        self._sources.clear()
+        if self._dest_fd >= 0:
+            os.close(self._dest_fd)
+            self._dest_fd = -1
+
+    def _close_subvolume(self) -> None:
+        self._stop_writing()
+        if self._tree is not None:
+            self._tree.close()
+            self._tree = None
+        if self._root_fd >= 0:
+            os.close(self._root_fd)
+            self._root_fd = -1
+        self._subvolume = None
+
+    # -- events --
+
+    def event(self, event: Any) -> None:
+        """Apply one event of :func:`sendstream.files.file_events` (or a Decoder)."""
+        self.report.statistics.feed(event)
+        if isinstance(event, Command):
+            self.apply(event)
+        elif isinstance(event, Restart):
+            raise BadCommand(
+                f"the send restarted here after {event.commands} commands (`sendstream repair` fixes the stream)",
+                offset=event.offset,
+            )
+        elif isinstance(event, EndOfInput) and self._subvolume is not None:
+            raise BadCommand("the input ended before END", offset=event.offset, expected="an END command")
+
+    def apply(self, command: Command) -> None:
+        """Apply one command; on any problem raise an :class:`ExtractError` for it."""
+        self._cmd = command
+        path = None
+        try:
+            if command.attributes is None:
+                self._skip(b"", f"unknown command number {command.cmd}: ignored, as btrfs receive does")
+                return
+            path = command.get("path", None)
+            handler = self._handlers.get(command.name)
+            if handler is None:  # pragma: no cover - every known command has one
+                self._skip(b"", "no handler")
+                return
+            if command.name not in _DATA_COMMANDS:
+                self._stop_writing()
+            for tree in (self._tree, *self._sources.values()):
+                if tree is not None:
+                    tree.trim()
+            if command.name not in ("subvol", "snapshot") and self._tree is None:
+                raise BadCommand(
+                    "a command outside a subvolume", expected="SUBVOL or SNAPSHOT first (and nothing after END)"
+                )
+            handler(command)
+            self.report.applied += 1
+        except ExtractError as exc:
+            self._stop_writing()
+            _locate(exc, command, path)
+            raise
+        except KeyError as exc:
+            self._stop_writing()
+            raise BadCommand(
+                f"attribute {exc.args[0]} is missing",
+                offset=command.offset,
+                index=command.index,
+                command=command.name,
+                path=path,
+                expected=f"attribute {exc.args[0]}",
+            ) from None
+        except (OverflowError, ValueError) as exc:  # a value the system calls cannot take
+            self._stop_writing()
+            raise BadCommand(
+                f"{command.name}: {exc}",
+                offset=command.offset,
+                index=command.index,
+                command=command.name,
+                path=path,
+            ) from None
+        except OSError as exc:
+            self._stop_writing()
+            raise ApplyError(
+                f"{command.name}: {exc.strerror or exc}",
+                offset=command.offset,
+                index=command.index,
+                command=command.name,
+                path=path,
+                errno=exc.errno,
+            ) from exc
+        finally:
+            self._cmd = None
+
+    def _skip(self, path: bytes, reason: str) -> None:
+        cmd = self._cmd
+        assert cmd is not None
+        skipped = Skipped(cmd.offset, cmd.index, cmd.name, path, reason)
+        self.report.skipped.append(skipped)
+        if self._on_skip is not None:
+            self._on_skip(skipped)
+
+    # -- helpers --
+
+    @property
+    def tree(self) -> _Tree:
+        assert self._tree is not None
+        return self._tree
+
+    def _parts(self, cmd: Command, key: str = "path", *, root_ok: bool = True) -> tuple[bytes, ...]:
+        parts = split_path(bytes(cmd.get(key)), what=key.replace("_", " "))
+        if not parts and not root_ok:
+            raise BadCommand(f"{cmd.name} of the subvolume root", expected=f"a non-empty {key.replace('_', ' ')}")
+        return parts
+
+    def _parent(self, parts: tuple[bytes, ...]) -> tuple[int, bytes]:
+        return self.tree.directory(parts[:-1]), parts[-1]
+
+    def _stop_writing(self) -> None:
+        if self._writing is not None:
+            os.close(self._writing[1])
+            self._writing = None
+
+    def _writable(self, parts: tuple[bytes, ...]) -> int:
+        """The open write fd of the regular file ``parts`` (kept across data commands)."""
+        if self._writing is not None and self._writing[0] == parts:
+            return self._writing[1]
+        self._stop_writing()
+        fd = self.tree.open_regular(parts, os.O_WRONLY | os.O_NONBLOCK, "file to write")
+        self._writing = (parts, fd)
+        return fd
+
+    @staticmethod
+    def _u63(cmd: Command, *keys: str) -> list[int]:
+        values = [int(cmd.get(k)) for k in keys]
+        for k, v in zip(keys, values, strict=True):
+            if v > _OFF_MAX:
+                raise BadCommand(f"{k} {v} is out of range", expected=f"at most {_OFF_MAX}")
+        if sum(values) > _OFF_MAX:
+            raise BadCommand(f"{' + '.join(keys)} is out of range", expected=f"at most {_OFF_MAX}")
+        return values
+
+    # -- subvolumes --
+
+    def _begin(self, cmd: Command, kind: str) -> None:
+        if self.report.subvolumes and not self.per_subvolume:
+            raise BadCommand(
+                "the input holds several subvolumes",
+                expected="one subvolume, or per_subvolume=True (--per-subvolume) to put each in DIR/NAME",
+            )
+        self._close_subvolume()
+        name = bytes(cmd.get("path"))
+        if self.per_subvolume:
+            parts = split_path(name, what="subvolume name")
+            if len(parts) != 1:
+                raise UnsafePath("the subvolume name is not a single name", expected="one path component")
+            if kind == "subvol":
+                os.mkdir(parts[0], 0o700, dir_fd=self._dest_fd)
+            root = os.open(parts[0], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dest_fd)
+            directory = os.path.join(self.dest, os.fsdecode(parts[0]))
+        else:
+            root = os.dup(self._dest_fd)
+            directory = self.dest
+        try:
+            empty = _is_empty(root)
+            if kind == "subvol" and not empty:
+                raise BadCommand(
+                    f"{directory!r} is not empty", expected="an empty directory for a full stream (SUBVOL)"
+                )
+            if kind == "snapshot" and empty:
+                raise BadCommand(
+                    f"{directory!r} is empty",
+                    expected=f"the extraction of the parent subvolume {cmd.get('clone_uuid')} (incremental stream)",
+                )
+            tree_fd = os.open(".", _DIR_FLAGS, dir_fd=root)
+        except BaseException:
+            os.close(root)
+            raise
+        self._root_fd = root
+        self._tree = _Tree(tree_fd, f"subvolume {name.decode(errors='backslashreplace')}")
+        self._subvolume = Subvolume(
+            kind, name, cmd.get("uuid"), cmd.get("clone_uuid") if kind == "snapshot" else None, directory
+        )
+        self.report.subvolumes.append(self._subvolume)
+
+    def _subvol(self, cmd: Command) -> None:
+        self._begin(cmd, "subvol")
+
+    def _snapshot(self, cmd: Command) -> None:
+        self._begin(cmd, "snapshot")
+
+    def _end(self, cmd: Command) -> None:
+        self._close_subvolume()
+
+    # -- names --
+
+    def _create(self, cmd: Command, make: Callable[[int, bytes], None]) -> None:
+        dirfd, name = self._parent(self._parts(cmd, root_ok=False))
+        make(dirfd, name)
+
+    def _mkfile(self, cmd: Command) -> None:
+        def make(dirfd: int, name: bytes) -> None:
+            # O_EXCL: never truncate an existing file, never follow a symlink there.
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            os.close(os.open(name, flags, 0o600, dir_fd=dirfd))
+
+        self._create(cmd, make)
+
+    def _mkdir(self, cmd: Command) -> None:
+        self._create(cmd, lambda dirfd, name: os.mkdir(name, 0o700, dir_fd=dirfd))
+
+    def _mknod(self, cmd: Command) -> None:
+        mode = int(cmd.get("mode"))
+        rdev = int(cmd.get("rdev"))
+        kind = stat.S_IFMT(mode)
+        if kind not in (stat.S_IFCHR, stat.S_IFBLK, stat.S_IFIFO, stat.S_IFSOCK):
+            raise BadCommand(f"mknod of a {_kind(mode)}", expected="a device, fifo or socket", actual=f"mode {mode:o}")
+        parts = self._parts(cmd, root_ok=False)
+
+        def make(dirfd: int, name: bytes) -> None:
+            try:
+                # RDEV is the kernel's new_encode_dev(), which is glibc's dev_t for
+                # majors below 4096 and minors below 2**20; btrfs-progs passes it on as is.
+                os.mknod(name, kind, rdev, dir_fd=dirfd)
+            except PermissionError:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                os.close(os.open(name, flags, 0o600, dir_fd=dirfd))
+                self._skip(
+                    bytes(cmd.get("path")),
+                    f"not permitted to make a {_kind(mode)} ({os.major(rdev)}, {os.minor(rdev)}): "
+                    "made an empty regular file in its place",
+                )
+
+        dirfd, name = self._parent(parts)
+        make(dirfd, name)
+
+    def _mkfifo(self, cmd: Command) -> None:
+        self._create(cmd, lambda dirfd, name: os.mkfifo(name, 0o600, dir_fd=dirfd))
+
+    def _mksock(self, cmd: Command) -> None:
+        self._create(cmd, lambda dirfd, name: os.mknod(name, stat.S_IFSOCK | 0o600, 0, dir_fd=dirfd))
+
+    def _symlink(self, cmd: Command) -> None:
+        target = bytes(cmd.get("path_link"))
+        if not target or b"\0" in target or len(target) >= PATH_MAX:
+            raise BadCommand("bad symlink target", expected=f"1 to {PATH_MAX - 1} bytes without NUL")
+        self._create(cmd, lambda dirfd, name: os.symlink(target, name, dir_fd=dirfd))
+
+    def _rename(self, cmd: Command) -> None:
+        src = self._parts(cmd, root_ok=False)
+        dst = self._parts(cmd, "path_to", root_ok=False)
+        sfd, sname = self._parent(src)
+        dfd, dname = self._parent(dst)
+        try:
+            os.rename(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
+        finally:  # what was at either path (and below) is not there any more
+            self.tree.forget_under(src)
+            self.tree.forget_under(dst)
+
+    def _link(self, cmd: Command) -> None:
+        new = self._parts(cmd, root_ok=False)
+        old = self._parts(cmd, "path_link", root_ok=False)
+        ofd, oname = self._parent(old)
+        nfd, nname = self._parent(new)
+        os.link(oname, nname, src_dir_fd=ofd, dst_dir_fd=nfd, follow_symlinks=False)
+
+    def _unlink(self, cmd: Command) -> None:
+        dirfd, name = self._parent(self._parts(cmd, root_ok=False))
+        os.unlink(name, dir_fd=dirfd)
+
+    def _rmdir(self, cmd: Command) -> None:
+        parts = self._parts(cmd, root_ok=False)
+        dirfd, name = self._parent(parts)
+        try:
+            os.rmdir(name, dir_fd=dirfd)
+        finally:
+            self.tree.forget_under(parts)
+
+    # -- metadata --
+
+    def _xattr_target(self, parts: tuple[bytes, ...]) -> int | bytes:
+        if not parts:
+            return self._root_fd
+        dirfd, name = self._parent(parts)
+        return _proc(dirfd, name)
+
+    @staticmethod
+    def _xattr_name(cmd: Command) -> bytes:
+        name = bytes(cmd.get("xattr_name"))
+        if not name or b"\0" in name or len(name) > NAME_MAX:
+            raise BadCommand("bad xattr name", expected=f"1 to {NAME_MAX} bytes without NUL")
+        return name
+
+    def _set_xattr(self, cmd: Command) -> None:
+        parts = self._parts(cmd)
+        name = self._xattr_name(cmd)
+        value = bytes(cmd.get("xattr_data"))
+        target = self._xattr_target(parts)
+        try:
+            if isinstance(target, int):
+                os.setxattr(target, name, value)
+            else:
+                os.setxattr(target, name, value, follow_symlinks=False)
+        except OSError as exc:
+            self._xattr_refused(cmd, exc, name)
+
+    def _remove_xattr(self, cmd: Command) -> None:
+        parts = self._parts(cmd)
+        name = self._xattr_name(cmd)
+        target = self._xattr_target(parts)
+        try:
+            if isinstance(target, int):
+                os.removexattr(target, name)
+            else:
+                os.removexattr(target, name, follow_symlinks=False)
+        except OSError as exc:
+            self._xattr_refused(cmd, exc, name)
+
+    def _xattr_refused(self, cmd: Command, exc: OSError, name: bytes) -> None:
+        if exc.errno in (errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM):
+            self._skip(bytes(cmd.get("path")), f"xattr {_show(name)}: {exc.strerror}")
+            return
+        raise exc
+
+    def _chmod(self, cmd: Command) -> None:
+        parts = self._parts(cmd)
+        mode = int(cmd.get("mode")) & 0o7777
+        if not parts:
+            os.fchmod(self._root_fd, mode)
+            return
+        dirfd, name = self._parent(parts)
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
+        try:
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise UnsafePath("chmod of a symlink (it would change the symlink's target)", expected="no symlink")
+            os.chmod(_proc(fd), mode)
+        finally:
+            os.close(fd)
+
+    def _chown(self, cmd: Command) -> None:
+        parts = self._parts(cmd)
+        uid, gid = int(cmd.get("uid")), int(cmd.get("gid"))
+        if uid >= 0xFFFFFFFF or gid >= 0xFFFFFFFF:
+            raise BadCommand("uid or gid out of range", expected="below 4294967295", actual=f"{uid}:{gid}")
+        try:
+            if not parts:
+                os.fchown(self._root_fd, uid, gid)
+            else:
+                dirfd, name = self._parent(parts)
+                os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
+        except PermissionError as exc:
+            if os.geteuid() == 0:
+                raise
+            self._skip(bytes(cmd.get("path")), f"chown to {uid}:{gid}: {exc.strerror} (not root)")
+
+    def _utimes(self, cmd: Command) -> None:
+        parts = self._parts(cmd)
+        times = []
+        for key in ("atime", "mtime"):
+            ts = cmd.get(key)
+            if not 0 <= ts.nsec < _NSEC:
+                raise BadCommand(f"{key} nanoseconds out of range", expected=f"below {_NSEC}", actual=ts.nsec)
+            times.append(ts.sec * _NSEC + ts.nsec)
+        ns = (times[0], times[1])
+        if not parts:
+            os.utime(self._root_fd, ns=ns)
+        else:
+            dirfd, name = self._parent(parts)
+            os.utime(name, ns=ns, dir_fd=dirfd, follow_symlinks=False)
+
+    def _fileattr(self, cmd: Command) -> None:
+        self._parts(cmd)
+        self._skip(
+            bytes(cmd.get("path")), f"fileattr 0x{int(cmd.get('fileattr')):x}: ignored, as btrfs receive 6.2 does"
+        )
+
+    def _enable_verity(self, cmd: Command) -> None:
+        parts = self._parts(cmd, root_ok=False)
+        fd = self.tree.open_regular(parts, os.O_RDONLY, "file to protect")
+        try:
+            _enable_verity(
+                fd,
+                int(cmd.get("verity_algorithm")),
+                int(cmd.get("verity_block_size")),
+                bytes(cmd.get("verity_salt_data")),
+                bytes(cmd.get("verity_sig_data")),
+            )
+        except OSError as exc:
+            self._skip(bytes(cmd.get("path")), f"enable_verity: {exc.strerror or exc}")
+        finally:
+            os.close(fd)
+
+    # -- data --
+
+    def _write(self, cmd: Command) -> None:
+        parts = self._parts(cmd, root_ok=False)
+        data = cmd.get("data")
+        (offset,) = self._u63(cmd, "file_offset")
+        if offset + len(data) > _OFF_MAX:
+            raise BadCommand("the write ends beyond the largest file offset")
+        _pwrite_all(self._writable(parts), memoryview(data), offset)
+        self.report.data_bytes += len(data)
+
+    def _encoded_write(self, cmd: Command) -> None:
+        parts = self._parts(cmd, root_ok=False)
+        offset, file_len = self._u63(cmd, "file_offset", "unencoded_file_len")
+        unencoded_len = int(cmd.get("unencoded_len"))
+        unencoded_offset = int(cmd.get("unencoded_offset"))
+        compression = int(cmd.get("compression", 0))
+        encryption = int(cmd.get("encryption", 0))
+        if encryption:
+            raise BadCommand("encrypted data is not supported", expected="encryption 0", actual=encryption)
+        if unencoded_len > self.max_unencoded:
+            raise BadCommand(
+                f"unencoded_len {unencoded_len} is over the limit", expected=f"at most {self.max_unencoded}"
+            )
+        if unencoded_offset + file_len > unencoded_len:
+            raise BadCommand(
+                "unencoded_offset + unencoded_file_len is beyond unencoded_len",
+                expected=f"at most {unencoded_len}",
+                actual=unencoded_offset + file_len,
+            )
+        try:
+            plain = decompress(compression, cmd.get("data"), unencoded_len)
+        except (ValueError, ImportError) as exc:
+            raise BadCommand(f"cannot decompress: {exc}", expected="valid compressed data") from None
+        fd = self._writable(parts)
+        _pwrite_all(fd, memoryview(plain)[unencoded_offset : unencoded_offset + file_len], offset)
+        self.report.data_bytes += file_len
+
+    def _truncate(self, cmd: Command) -> None:
+        parts = self._parts(cmd, root_ok=False)
+        (size,) = self._u63(cmd, "size")
+        os.ftruncate(self._writable(parts), size)
+
+    def _fallocate(self, cmd: Command) -> None:
+        parts = self._parts(cmd, root_ok=False)
+        mode = int(cmd.get("fallocate_mode"))
+        offset, size = self._u63(cmd, "file_offset", "size")
+        if mode & ~_FALLOC_ALLOWED:
+            raise BadCommand(f"fallocate mode 0x{mode:x}", expected="KEEP_SIZE, PUNCH_HOLE or ZERO_RANGE flags")
+        _fallocate(self._writable(parts), mode, offset, size)
+
+    def _update_extent(self, cmd: Command) -> None:
+        self._parts(cmd, root_ok=False)
+        self._skip(bytes(cmd.get("path")), "no file data in the stream (btrfs send --no-data)")
+
+    def _clone_tree(self, clone_uuid: UUID, clone_path: bytes) -> _Tree:
+        sub = self._subvolume
+        assert sub is not None
+        if clone_uuid == sub.uuid:
+            return self.tree
+        tree = self._sources.get(clone_uuid)
+        if tree is not None:
+            return tree
+        where = self._clone_sources.get(clone_uuid)
+        fd = -1
+        if where is not None:
+            fd = os.open(where, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        else:
+            for d in self._clone_dirs:
+                base = os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    fd = os.open(str(clone_uuid), _DIR_FLAGS, dir_fd=base)
+                    where = os.path.join(d, str(clone_uuid))
+                    break
+                except FileNotFoundError:
+                    continue
+                finally:
+                    os.close(base)
+        if fd < 0 or where is None:
+            hint = f"--clone-from {clone_uuid}=DIR, or a --clone-from DIR holding a directory named {clone_uuid}"
+            if clone_uuid == sub.parent_uuid:
+                raise CloneSourceMissing(
+                    f"the clone source is the parent snapshot {clone_uuid} (path '{_show(clone_path)}'), which "
+                    "the extraction has changed in place",
+                    expected=f"an untouched extraction of the parent: {hint}",
+                )
+            raise CloneSourceMissing(
+                f"subvolume {clone_uuid} (path '{_show(clone_path)}') was not given", expected=hint
+            )
+        tree = self._sources[clone_uuid] = _Tree(fd, f"clone source {where}")
+        return tree
+
+    def _clone(self, cmd: Command) -> None:
+        parts = self._parts(cmd, root_ok=False)
+        src_parts = self._parts(cmd, "clone_path", root_ok=False)
+        offset, length, src_offset = self._u63(cmd, "file_offset", "clone_len", "clone_offset")
+        if src_offset + length > _OFF_MAX or offset + length > _OFF_MAX:
+            raise BadCommand("the clone range is out of range", expected=f"offsets at most {_OFF_MAX}")
+        tree = self._clone_tree(cmd.get("clone_uuid"), bytes(cmd.get("clone_path")))
+        src = tree.open_regular(src_parts, os.O_RDONLY | os.O_NOATIME | os.O_NONBLOCK, "clone source")
+        try:
+            dst = self._writable(parts)
+            sst, dstat = os.fstat(src), os.fstat(dst)
+            size = sst.st_size
+            if src_offset >= size:
+                # The kernel refuses this (EINVAL, and btrfs receive stops); it happens in
+                # --no-data streams, whose files have no size: extract what can be.
+                self._skip(
+                    bytes(cmd.get("path")),
+                    f"clone source '{_show(bytes(cmd.get('clone_path')))}' is {size} bytes long, the range starts "
+                    f"at {src_offset}: nothing to clone (btrfs receive fails here)",
+                )
+                return
+            # As the kernel's remap checks: the range is cut at the source's end (0: up to it).
+            length = size - src_offset if length == 0 else min(length, size - src_offset)
+            if (sst.st_dev, sst.st_ino) == (dstat.st_dev, dstat.st_ino) and (
+                src_offset < offset + length and offset < src_offset + length
+            ):
+                raise BadCommand("the clone range overlaps its source in the same file", expected="separate ranges")
+            _clone_range(src, src_offset, length, dst, offset)
+            self.report.data_bytes += length
+        finally:
+            os.close(src)
+
+
+def _locate(exc: ExtractError, cmd: Command, path: Any) -> None:
+    if exc.offset is None:
+        exc.offset = cmd.offset
+    if exc.index is None:
+        exc.index = cmd.index
+    if exc.command is None:
+        exc.command = cmd.name
+    if exc.path is None and path is not None:
+        exc.path = bytes(path)
+
+
+def _is_empty(dirfd: int) -> bool:
+    """True when the directory has no entry (read with O_NOATIME where allowed:
+    its atime is part of what is extracted)."""
+    try:
+        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOATIME | os.O_CLOEXEC, dir_fd=dirfd)
+    except PermissionError:
+        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dirfd)
+    try:
+        with os.scandir(fd) as entries:
+            return next(entries, None) is None
+    finally:
+        os.close(fd)
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data = data[n:]
+        offset += n
+
+
+def _clone_range(src: int, src_offset: int, length: int, dst: int, dst_offset: int) -> None:
+    """Make ``dst[dst_offset:+length]`` what ``src[src_offset:+length]`` is, holes included."""
+    try:
+        fcntl.ioctl(dst, FICLONERANGE, struct.pack("<qQQQ", src, src_offset, length, dst_offset))
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS):
+            raise
+    dst_size = os.fstat(dst).st_size
+    end = src_offset + length
+    pos = src_offset
+    while pos < end:
+        try:
+            data = min(os.lseek(src, pos, os.SEEK_DATA), end)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                raise
+            data = end
+        if data > pos:  # a hole in the source: a hole in the destination
+            _punch(dst, dst_offset + pos - src_offset, data - pos, dst_size)
+        if data >= end:
+            break
+        hole = min(os.lseek(src, data, os.SEEK_HOLE), end)
+        _copy(src, data, dst, dst_offset + data - src_offset, hole - data)
+        pos = hole
+    if dst_size < dst_offset + length:
+        os.ftruncate(dst, max(os.fstat(dst).st_size, dst_offset + length))
+
+
+def _punch(fd: int, offset: int, length: int, size: int) -> None:
+    length = min(length, size - offset)  # nothing to punch beyond the end
+    if length <= 0:
+        return
+    try:
+        _fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+        zeros = bytes(min(length, 1 << 20))
+        while length > 0:
+            n = min(length, len(zeros))
+            _pwrite_all(fd, memoryview(zeros)[:n], offset)
+            offset += n
+            length -= n
+
+
+def _copy(src: int, src_offset: int, dst: int, dst_offset: int, length: int) -> None:
+    while length > 0:
+        try:
+            n = os.copy_file_range(src, dst, length, src_offset, dst_offset)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            n = -1
+        if n < 0:
+            chunk = os.pread(src, min(length, 1 << 20), src_offset)
+            if not chunk:
+                break
+            _pwrite_all(dst, memoryview(chunk), dst_offset)
+            n = len(chunk)
+        elif n == 0:
+            break
+        src_offset += n
+        dst_offset += n
+        length -= n
+
+
+def extract(
+    source: BinaryIO,
+    dest: str | os.PathLike[str],
+    *,
+    clone_sources: Mapping[UUID, str | os.PathLike[str]] | None = None,
+    clone_dirs: Sequence[str | os.PathLike[str]] = (),
+    per_subvolume: bool = False,
+    on_skip: Callable[[Skipped], None] | None = None,
+    events: Iterable[Any] | None = None,
+) -> ExtractReport:
+    """Apply every stream of ``source`` to ``dest``; see :class:`Extractor`.
+
+    ``events`` replaces reading ``source`` (e.g. a Decoder's events).
+    """
+    with Extractor(
+        dest, clone_sources=clone_sources, clone_dirs=clone_dirs, per_subvolume=per_subvolume, on_skip=on_skip
+    ) as extractor:
+        for event in events if events is not None else file_events(source):
+            extractor.event(event)
+        return extractor.report

@@ -1,0 +1,181 @@
+"""Moving streams over the network: addresses, the send and receive loops.
+
+The bytes on the wire are the stream itself, inside TLS (or raw TCP when
+asked). The sender checks and heals every command before it leaves (the
+same :class:`~sendstream.repair.Healer` as ``repair``); the receiver checks
+every command again before it writes it downstream, and answers with one
+status line before it closes, which the sender reports.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from . import errors as e
+from .decoder import Framer
+from .files import file_events
+from .repair import Healer
+from .tls import Channel
+
+STATUS_PREFIX = b"sendstream-status "
+CONNECT_TIMEOUT = 30.0
+
+
+def parse_address(text: str, *, listen: bool = False) -> tuple[str, int]:
+    """``HOST:PORT``, ``[IPv6]:PORT``; for listening ``*:PORT`` means every address."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise e.UsageError(f"expected HOST:PORT, got {text!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host:
+        raise e.UsageError(f"no host in {text!r}: name one (or '*' to listen on every address)")
+    if host == "*":
+        if not listen:
+            raise e.UsageError("'*' only makes sense with --listen")
+        host = "::"
+    return host, int(port)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket; ``::`` listens on every IPv6 and IPv4 address."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    last: OSError | None = None
+    for family, kind, proto, _, address in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and host == "::":
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(address)
+            sock.listen(1)
+            return sock
+        except OSError as exc:
+            sock.close()
+            last = exc
+    raise last or OSError(f"cannot listen on {host}:{port}")
+
+
+def connect(host: str, port: int, timeout: float = CONNECT_TIMEOUT) -> socket.socket:
+    sock = socket.create_connection((host, port), timeout=timeout)
+    sock.settimeout(None)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+class ChannelReader:
+    """A channel as a ``readinto`` source for :class:`~sendstream.files.BufferedWindows`."""
+
+    def __init__(self, channel: Channel, progress: Progress | None = None) -> None:
+        self._channel = channel
+        self._progress = progress
+
+    def readinto(self, buf: memoryview) -> int:
+        n = self._channel.recv_into(buf)
+        if self._progress:
+            self._progress.add(n)
+        return n
+
+
+class Progress:
+    """A one-line progress report on a terminal; silent otherwise."""
+
+    def __init__(self, label: str, *, enabled: bool | None = None, stream: Any = None) -> None:
+        self._stream = stream or sys.stderr
+        self._enabled = self._stream.isatty() if enabled is None else enabled
+        self._label = label
+        self.bytes = 0
+        self.started = time.monotonic()
+        self._shown = 0.0
+
+    def add(self, n: int) -> None:
+        self.bytes += n
+        if self._enabled and (now := time.monotonic()) - self._shown >= 0.25:
+            self._shown = now
+            rate = self.bytes / max(now - self.started, 1e-9) / 1e6
+            self._stream.write(f"\r{self._label}: {self.bytes / 1e6:,.1f} MB, {rate:,.1f} MB/s ")
+            self._stream.flush()
+
+    def done(self) -> None:
+        if self._enabled:
+            self._stream.write("\r\x1b[K")
+            self._stream.flush()
+
+    @property
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+
+@dataclass
+class Summary:
+    """What a transfer did."""
+
+    bytes: int
+    seconds: float
+    path: str
+    restarts: int = 0
+    status: str = ""
+
+    def line(self, verb: str) -> str:
+        rate = self.bytes / max(self.seconds, 1e-9) / 1e6
+        text = f"{verb} {self.bytes} bytes in {self.seconds:.2f} s ({rate:,.1f} MB/s); {self.path}"
+        if self.restarts:
+            text += f"; {self.restarts} restart{'s' * (self.restarts != 1)} healed"
+        return text
+
+
+def send_stream(source: BinaryIO, channel: Channel, progress: Progress) -> Summary:
+    """Check, heal and send a whole stream; returns once the receiver answered."""
+
+    def write(data: Any) -> None:
+        channel.send_all(data)
+        progress.add(len(data))
+
+    healer = Healer(write)
+    for event in file_events(source, Framer(), healer.batch):
+        healer.event(event)
+    channel.shutdown_write()
+    status = _read_status(channel)
+    progress.done()
+    summary = Summary(healer.written, progress.seconds, channel.describe(), len(healer.restarts), status)
+    code, _, message = status.partition(" ")
+    if code and code != "0":
+        raise e.RemoteError(f"the receiver failed: {message}", int(code) if code.isdigit() else e.EXIT_CORRUPT)
+    return summary
+
+
+def _read_status(channel: Channel) -> str:
+    buf = bytearray(4096)
+    got = bytearray()
+    with memoryview(buf) as mv:
+        while len(got) < 4096:
+            n = channel.recv_into(mv)
+            if not n:
+                break
+            got += mv[:n]
+    if not got.startswith(STATUS_PREFIX):
+        return ""  # a peer that is not sendstream (stunnel into a file, openssl)
+    return got[len(STATUS_PREFIX) :].split(b"\n", 1)[0].decode("utf-8", "replace")
+
+
+def receive_stream(channel: Channel, write: Callable[[Any], object], progress: Progress) -> Summary:
+    """Receive a stream, check every command and write only checked ones."""
+    healer = Healer(write)
+    reader = ChannelReader(channel, progress)
+    for event in file_events(reader, Framer(), healer.batch):  # type: ignore[arg-type]
+        healer.event(event)
+    progress.done()
+    return Summary(progress.bytes, progress.seconds, channel.describe(), len(healer.restarts))
+
+
+def answer(channel: Channel, code: int, message: str) -> None:
+    """Tell the sender how it went, then close."""
+    try:
+        channel.send_all(STATUS_PREFIX + f"{code} {message}".encode() + b"\n")
+    finally:
+        channel.close()

@@ -1,0 +1,197 @@
+"""sendstream send / receive / verify --from-socket over loopback, real processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, boundaries
+
+from sendstream.tls import why_unavailable
+
+SAMPLE = FIXTURES / "rich-full-v2.stream"
+MODES = ["none", "tls12-aes128-gcm", "tls12-aes256-gcm", "tls13-aes128-gcm", "tls13-aes256-gcm"]
+CMD = [sys.executable, "-m", "sendstream"]
+
+
+def free_port(family: int = socket.AF_INET) -> int:
+    with socket.socket(family) as s:
+        s.bind(("::1" if family == socket.AF_INET6 else "127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> Path:
+    path = tmp_path / "psk.key"
+    path.write_bytes(os.urandom(32))
+    path.chmod(0o600)
+    return path
+
+
+def receiver(*args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([*CMD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def sender(*args: str, data: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    """Run `sendstream send`, again while the receiver is not listening yet."""
+    deadline = time.monotonic() + 10
+    while True:
+        result = subprocess.run([*CMD, "send", *args], input=data, capture_output=True)
+        if b"Connection refused" not in result.stderr or time.monotonic() > deadline:
+            return result
+        time.sleep(0.1)
+
+
+def tls_args(mode: str, key: Path) -> list[str]:
+    return ["--tls", mode] if mode == "none" else ["--tls", mode, "--key", str(key)]
+
+
+def transfer(
+    mode: str, key: Path, out: Path, data: bytes
+) -> tuple[subprocess.CompletedProcess[bytes], tuple[int, bytes]]:
+    port = free_port()
+    recv = receiver("receive", "--listen", f"127.0.0.1:{port}", "-o", str(out), *tls_args(mode, key))
+    try:
+        sent = sender("--to", f"127.0.0.1:{port}", "-", *tls_args(mode, key), data=data)
+        _, err = recv.communicate(timeout=60)
+    finally:
+        recv.kill()
+    return sent, (recv.returncode, err)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_send_receive_every_mode(mode: str, key: Path, tmp_path: Path) -> None:
+    if reason := why_unavailable(mode):
+        pytest.skip(reason)
+    out = tmp_path / "out.stream"
+    sender, (code, err) = transfer(mode, key, out, SAMPLE.read_bytes())
+    assert sender.returncode == 0, sender.stderr
+    assert code == 0, err
+    assert out.read_bytes() == SAMPLE.read_bytes()
+    assert b"sent 280747 bytes" in sender.stderr
+    if mode == "none":
+        assert b"unencrypted" in sender.stderr
+
+
+def test_the_sender_heals_a_restarted_stream(key: Path, tmp_path: Path) -> None:
+    data = SAMPLE.read_bytes()
+    out = tmp_path / "out.stream"
+    sender, (code, _) = transfer("tls13-aes128-gcm", key, out, data[: boundaries(data)[100] + 33] + data)
+    assert sender.returncode == 0 and code == 0
+    assert out.read_bytes() == data
+    assert b"1 restart healed" in sender.stderr
+
+
+def test_a_damaged_stream_never_leaves_the_sender(key: Path, tmp_path: Path) -> None:
+    data = bytearray(SAMPLE.read_bytes())
+    data[boundaries(bytes(data))[50] + 12] ^= 1
+    out = tmp_path / "out.stream"
+    sender, (code, _) = transfer("tls13-aes128-gcm", key, out, bytes(data))
+    assert sender.returncode == 1 and b"crc32c mismatch" in sender.stderr
+    assert code != 0 and not out.exists()
+
+
+def test_wrong_key_fails_both_sides(key: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other.key"
+    other.write_bytes(os.urandom(32))
+    other.chmod(0o600)
+    port = free_port()
+    recv = receiver("receive", "--listen", f"127.0.0.1:{port}", "-o", str(tmp_path / "o"), "--key", str(key))
+    sent = sender("--to", f"127.0.0.1:{port}", str(SAMPLE), "--key", str(other))
+    _, err = recv.communicate(timeout=60)
+    assert sent.returncode == 6 and recv.returncode == 6, (sent.stderr, err)
+    assert not (tmp_path / "o").exists()
+
+
+def raw_sender(port: int, payload: bytes, *, host: str = "127.0.0.1", reset: bool = False) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            sock = socket.create_connection((host, port))
+            break
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    with sock:
+        sock.sendall(payload)
+        if reset:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+
+
+def test_receiver_writes_only_checked_commands(tmp_path: Path) -> None:
+    data = bytearray(SAMPLE.read_bytes())
+    marks = boundaries(bytes(data))
+    data[marks[60] + 12] ^= 1
+    port = free_port()
+    recv = receiver("receive", "--listen", f"127.0.0.1:{port}", "--tls", "none", "-o", "-")
+    raw_sender(port, bytes(data))
+    out, err = recv.communicate(timeout=60)
+    assert recv.returncode == 1 and b"crc32c mismatch" in err
+    assert out == bytes(data[: marks[60]])  # every command before the damaged one, nothing of it
+
+
+@pytest.mark.parametrize("reset", [False, True])
+def test_a_cut_connection_is_truncation(tmp_path: Path, reset: bool) -> None:
+    data = SAMPLE.read_bytes()
+    port = free_port()
+    out = tmp_path / "out.stream"
+    recv = receiver("receive", "--listen", f"127.0.0.1:{port}", "--tls", "none", "-o", str(out))
+    raw_sender(port, data[:100000], reset=reset)
+    _, err = recv.communicate(timeout=60)
+    assert recv.returncode in (3, 4) and not out.exists(), err
+
+
+def test_verify_from_socket(key: Path) -> None:
+    data = SAMPLE.read_bytes()
+    port = free_port()
+    verifier = receiver("verify", "--from-socket", f"127.0.0.1:{port}", "--tls", "none")
+    raw_sender(port, data)
+    out, _ = verifier.communicate(timeout=60)
+    assert verifier.returncode == 0 and out.startswith(b"OK: 1 stream, 505 commands, 280747 bytes")
+    bad = bytearray(data)
+    bad[boundaries(data)[7] + 15] ^= 4
+    port = free_port()
+    verifier = receiver("verify", "--from-socket", f"127.0.0.1:{port}", "--tls", "none")
+    raw_sender(port, bytes(bad))
+    out, err = verifier.communicate(timeout=60)
+    assert verifier.returncode == 1 and b"crc32c mismatch" in err and out.startswith(b"FAILED")
+
+
+def test_ipv6_and_exec(key: Path, tmp_path: Path) -> None:
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    port = free_port(socket.AF_INET6)
+    target = tmp_path / "via-child.stream"
+    recv = receiver("receive", "--listen", f"[::1]:{port}", "--key", str(key), "--exec", f"sh -c 'cat > {target}'")
+    sent = sender("--to", f"[::1]:{port}", str(SAMPLE), "--key", str(key))
+    recv.communicate(timeout=60)
+    assert sent.returncode == 0 and recv.returncode == 0
+    assert target.read_bytes() == SAMPLE.read_bytes()
+
+
+def test_a_failing_child_fails_both_sides(key: Path) -> None:
+    port = free_port()
+    recv = receiver(
+        "receive", "--listen", f"127.0.0.1:{port}", "--key", str(key), "--exec", "sh -c 'cat >/dev/null; exit 3'"
+    )
+    sent = sender("--to", f"127.0.0.1:{port}", str(SAMPLE), "--key", str(key))
+    _, err = recv.communicate(timeout=60)
+    assert recv.returncode == 7 and b"exited with status 3" in err
+    assert sent.returncode == 7 and b"the receiver failed" in sent.stderr
+
+
+def test_addresses_are_checked() -> None:
+    for bad in ("nohost", "host:", ":123", "host:99999"):
+        assert sender("--to", bad, str(SAMPLE), "--tls", "none").returncode == 2, bad
+
+
+def test_the_cli_offers_exactly_the_tls_modes() -> None:
+    from sendstream import cli, tls
+
+    assert cli.TLS_MODES == tls.MODES and cli.DEFAULT_TLS_MODE == tls.DEFAULT_MODE
