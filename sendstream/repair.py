@@ -44,10 +44,14 @@ class Healer:
         *,
         keep_last: bool = False,
         truncate: Callable[[int], object] | None = None,
+        copy_range: Callable[[int, int], object] | None = None,
     ) -> None:
         if keep_last and truncate is None:
             raise e.UsageError("keeping only the last restart needs an output that can be truncated")
         self._write = write
+        # copy_range(offset, length) passes input bytes on without reading
+        # them (sendfile from the input file), for the runs the scanner checked
+        self._copy_range = copy_range
         self._keep_last = keep_last
         self._truncate = truncate
         self.written = 0
@@ -71,14 +75,16 @@ class Healer:
         result = native_scan(mv, pos, version, limit, None, None, self._run_lens, 0, self._run_crcs)
         count = result[3]
         if count:
-            self._run(mv, pos, origin + pos, self._run_lens[:count], self._run_crcs[:count], result[4])
+            self._run(mv, pos, origin + pos, self._run_lens[:count], self._run_crcs[:count], result[4], True)
         return result
 
     def _out(self, data: Any) -> None:
         self._write(data)
         self.written += len(data)
 
-    def _run(self, mv: Any, start: int, offset: int, lens: array[int], crcs: array[int], nbytes: int) -> None:
+    def _run(
+        self, mv: Any, start: int, offset: int, lens: array[int], crcs: array[int], nbytes: int, in_input: bool = False
+    ) -> None:
         """A run of checked commands at ``mv[start:]`` (input ``offset``): write,
         or match against the replay."""
         repeated = 0
@@ -95,7 +101,11 @@ class Healer:
         skip = sum(lens[:repeated]) + COMMAND_HEADER_SIZE * repeated
         self.dropped += skip
         if repeated < len(lens):
-            self._out(mv[start + skip : start + nbytes])
+            if in_input and self._copy_range is not None:
+                self._copy_range(offset + skip, nbytes - skip)
+                self.written += nbytes - skip
+            else:
+                self._out(mv[start + skip : start + nbytes])
             self._lens.extend(lens[repeated:])
             self._crcs.extend(crcs[repeated:])
 

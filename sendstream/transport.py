@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 
 from . import errors as e
 from .decoder import Framer
-from .files import file_events
+from .files import file_events, is_regular
 from .repair import Healer
 from .tls import Channel
 
@@ -136,7 +136,21 @@ def send_stream(source: BinaryIO, channel: Channel, progress: Progress) -> Summa
         channel.send_all(data)
         progress.add(len(data))
 
-    healer = Healer(write)
+    copy_range = None
+    if channel.tx_path == "kernel" and is_regular(source):
+        fd, base = source.fileno(), source.tell()
+
+        def copy_range(offset: int, length: int) -> None:
+            # zero-copy: the kernel reads the page cache and encrypts
+            while length:
+                sent = channel.sendfile(fd, base + offset, length)
+                if not sent:
+                    raise e.TruncatedStream("the input file shrank while being sent", offset=offset)
+                offset += sent
+                length -= sent
+                progress.add(sent)
+
+    healer = Healer(write, copy_range=copy_range)
     for event in file_events(source, Framer(), healer.batch):
         healer.event(event)
     channel.shutdown_write()

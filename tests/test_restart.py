@@ -198,3 +198,14 @@ def test_convert_refuses_a_restarted_stream(tmp_path: Path) -> None:
     data = SMALL.read_bytes()
     result = run("convert", "-", str(tmp_path / "x"), stdin=data[:500] + data)
     assert result.returncode == 5 and not (tmp_path / "x").exists()
+
+
+def test_copy_range_passes_checked_input_ranges_on() -> None:
+    """What the kTLS sender sends with sendfile: input ranges instead of bytes."""
+    data = SMALL.read_bytes()
+    damaged = data[: boundaries(data)[30] + 9] + data
+    out = io.BytesIO()
+    healer = Healer(out.write, copy_range=lambda offset, length: out.write(damaged[offset : offset + length]))
+    for event in file_events(io.BytesIO(damaged), Framer(), healer.batch):
+        healer.event(event)
+    assert out.getvalue() == data and healer.written == len(data)
