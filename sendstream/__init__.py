@@ -6,9 +6,10 @@ The core is sans-IO: :class:`Decoder` takes bytes and returns events,
 
 from .command import Command
 from .crc import crc32c, reference_crc32c
-from .decoder import NEED_DATA, Decoder, EndOfInput, Framer, NeedData, StreamHeader
+from .decoder import NEED_DATA, Decoder, EndOfInput, Framer, NeedData, Restart, StreamHeader
 from .encoder import Encoder, encode_command, encode_stream_header
 from .errors import FormatError, SendStreamError, UsageError
+from .files import events
 from .format import Timespec
 from .verify import Report, verify_buffer, verify_file
 
@@ -24,6 +25,7 @@ __all__ = [
     "Framer",
     "NeedData",
     "Report",
+    "Restart",
     "SendStreamError",
     "StreamHeader",
     "Timespec",
@@ -31,6 +33,7 @@ __all__ = [
     "crc32c",
     "encode_command",
     "encode_stream_header",
+    "events",
     "reference_crc32c",
     "verify_buffer",
     "verify_file",

@@ -11,8 +11,10 @@ the window: they are valid until the next event is asked for.
 from __future__ import annotations
 
 import contextlib
+import io
 import mmap
 import os
+import socket
 import stat
 import sys
 import tempfile
@@ -193,3 +195,24 @@ def atomic_output(path: str) -> Iterator[BinaryIO]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def events(
+    source: str | os.PathLike[str] | bytes | bytearray | memoryview | BinaryIO | socket.socket,
+    framer: Framer | None = None,
+) -> Iterator[Event]:
+    """Every event of a stream from a path, bytes, a binary file or a socket.
+
+    Command values are views into the input: copy what you keep beyond the
+    next event.
+    """
+    if isinstance(source, str | os.PathLike):
+        with open(source, "rb") as f:
+            yield from file_events(f, framer)
+    elif isinstance(source, bytes | bytearray | memoryview):
+        yield from file_events(io.BytesIO(bytes(source)), framer)
+    elif isinstance(source, socket.socket):
+        with source.makefile("rb") as f:
+            yield from file_events(f, framer)
+    else:
+        yield from file_events(source, framer)

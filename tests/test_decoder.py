@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import END, command_bytes, crafted, decode, random_chunks, u64
+from conftest import END, canon, command_bytes, crafted, decode, random_chunks, u64
 
 from sendstream import Command, Decoder, Encoder, EndOfInput, NeedData, StreamHeader, encode_stream_header
 from sendstream import errors as e
@@ -159,3 +159,23 @@ def test_encoder_refuses_a_command_outside_a_stream() -> None:
     with pytest.raises(e.UsageError):
         Encoder().send(StreamHeader(0, 4))
     assert END in crafted(1)
+
+
+def test_events_from_a_path_bytes_a_file_and_a_socket(stream_path: Path) -> None:
+    import socket
+    import threading
+
+    import sendstream
+
+    data = stream_path.read_bytes()
+    expected = [canon(ev) for ev in sendstream.events(stream_path)]
+    assert expected == decode(data)
+    assert [canon(ev) for ev in sendstream.events(data)] == expected
+    with stream_path.open("rb") as f:
+        assert [canon(ev) for ev in sendstream.events(f)] == expected
+    a, b = socket.socketpair()
+    writer = threading.Thread(target=lambda: (a.sendall(data), a.close()))
+    writer.start()
+    with b:
+        assert [canon(ev) for ev in sendstream.events(b)] == expected
+    writer.join()
