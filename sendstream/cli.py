@@ -163,21 +163,109 @@ def verify(
 @cli.command()
 @click.argument("source", metavar="IN")
 @click.argument("target", metavar="OUT")
+@click.option(
+    "--to-version",
+    type=click.IntRange(1, 1),
+    default=None,
+    metavar="1",
+    help="Write a v1 stream for an older btrfs receive: ENCODED_WRITE decompressed into WRITEs, "
+    "FALLOCATE as WRITEs of zeros, FILEATTR and ENABLE_VERITY dropped with a warning.",
+)
 @_max_size_option
-def convert(source: str, target: str, max_command_size: int | None) -> None:
+def convert(source: str, target: str, to_version: int | None, max_command_size: int | None) -> None:
     """Rewrite stream IN into OUT (- for stdin/stdout) through the writer.
 
     With no options the output is byte-identical to a valid input. A file
     OUT appears only when the whole input was read without error.
     """
+    downgrader = None
+    if to_version is not None:
+        from .downgrade import Downgrader
+
+        downgrader = Downgrader(warn=lambda message: click.echo(f"sendstream: warning: {message}", err=True))
     encoder = Encoder()
     framer = Framer(max_command_size=max_command_size)
     with open_input(source) as inp, atomic_output(target) as out:
         for event in file_events(inp, framer):
             if isinstance(event, Restart):
                 raise framer.problems[-1]
-            out.write(encoder.send(event))
+            if downgrader is None:
+                out.write(encoder.send(event))
+            else:
+                for converted in downgrader.events(event):
+                    out.write(encoder.send(converted))
     _warn(framer.problems, 0)
+
+
+def _subvolume_changes(stream: str, max_command_size: int | None) -> list[Any]:
+    from .changes import changes
+
+    framer = Framer(max_command_size=max_command_size)
+    with open_input(stream) as source:
+        results = list(changes(file_events(source, framer)))
+    _warn(framer.problems, 0)
+    return results
+
+
+@cli.command(name="ls")
+@click.argument("stream", default="-")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines: one object per subvolume.")
+@_max_size_option
+def ls_command(stream: str, as_json: bool, max_command_size: int | None) -> None:
+    """List every path STREAM (a file or -) touches, with the kind of change.
+
+    One line per name, under its final path: created, linked (a new hard
+    link, `to` another name), deleted, renamed (`from` the old path),
+    modified (data) or metadata, then [data mode,owner,times,xattrs,...].
+    btrfs' temporary names never show: a file created as o257-5-0 and
+    renamed into place is `created` at its final path.
+    """
+    from .changes import json_line, ls_json, ls_lines
+
+    out = sys.stdout.buffer
+    results = _subvolume_changes(stream, max_command_size)
+    try:
+        for result in results:
+            if as_json:
+                out.write(json_line(ls_json(result)))
+                continue
+            if len(results) > 1:
+                out.write(b"== " + (result.subvolume or b"-") + b" ==\n")
+            out.writelines(ls_lines(result))
+    finally:
+        out.flush()
+
+
+@cli.command()
+@click.argument("stream", default="-")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines: one object per subvolume.")
+@_max_size_option
+def diff(stream: str, as_json: bool, max_command_size: int | None) -> None:
+    """What the incremental STREAM (a file or -) changes against its parent.
+
+    Text, as `git diff --name-status`: A added (a new hard link says to
+    what), D removed, R old -> new (renamed or moved; swaps and the btrfs
+    LINK + UNLINK form included), M data modified, m metadata only; then
+    [data mode,owner,times,xattrs,fileattr]. --json: added, removed,
+    renamed (from, to), modified, metadata.
+    """
+    from .changes import diff_json, diff_lines, json_line
+
+    out = sys.stdout.buffer
+    results = _subvolume_changes(stream, max_command_size)
+    try:
+        for result in results:
+            if not result.incremental:
+                name = (result.subvolume or b"-").decode(errors="replace")
+                click.echo(f"sendstream: warning: {name} is a full stream: everything is added", err=True)
+            if as_json:
+                out.write(json_line(diff_json(result)))
+                continue
+            if len(results) > 1:
+                out.write(b"== " + (result.subvolume or b"-") + b" ==\n")
+            out.writelines(diff_lines(result.diff()))
+    finally:
+        out.flush()
 
 
 def _verify_from_socket(

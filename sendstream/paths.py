@@ -31,6 +31,12 @@ Known limits
     only. Clones from another subvolume name a path in that subvolume; it
     is reported as given (:attr:`Touched.clone_source`).
 
+For :mod:`sendstream.changes`, the tracker also keeps every entry of the
+subvolume (:attr:`PathTracker.entries`, the removed ones included) and, for
+an entry the stream did not create, its path and parent directory in the
+parent snapshot (:attr:`Entry.origin`, :attr:`Entry.origin_parent`), so a
+name's old and new places can be compared when the subvolume ends.
+
 :class:`Statistics` counts commands and bytes per command kind of each
 stream of an input; :func:`record_line`, :func:`record_json` and
 :func:`statistics_lines` present both (pure functions, for the CLI).
@@ -87,7 +93,7 @@ class Entry:
     that command's file went.
     """
 
-    __slots__ = ("alive", "children", "inode", "name", "parent")
+    __slots__ = ("alive", "children", "inode", "name", "origin", "origin_parent", "parent")
 
     def __init__(self, name: bytes, parent: Entry | None, inode: Inode) -> None:
         self.name = name
@@ -95,7 +101,18 @@ class Entry:
         self.inode = inode
         self.alive = True
         self.children: dict[bytes, Entry] = {}
+        # For an entry the stream did not create (it existed in the parent
+        # snapshot): its path and parent there; None for a created entry.
+        self.origin: bytes | None = None
+        self.origin_parent: Entry | None = None
         inode.entries.append(self)
+
+    @property
+    def moved(self) -> bool:
+        """True for a pre-existing entry now under another name or directory."""
+        if self.origin is None:
+            return False
+        return self.parent is not self.origin_parent or self.name != self.origin.rpartition(b"/")[2]
 
     def path(self) -> bytes | None:
         """The current path (``b""`` for the subvolume root), or None once removed."""
@@ -146,14 +163,18 @@ class PathTracker:
         self.subvolume: bytes | None = None
         self.uuid: uuid.UUID | None = None
         self.root = Entry(b"", None, Inode())
+        self.root.origin = b""
         self._by_ino: dict[int, Inode] = {}
+        self.entries: list[Entry] = [self.root]  # every entry of the subvolume, in creation order
 
     def start(self, path: bytes, subvolume_uuid: uuid.UUID | None) -> None:
         """A new subvolume (SUBVOL or SNAPSHOT): a fresh, empty name space."""
         self.subvolume = path
         self.uuid = subvolume_uuid
         self.root = Entry(b"", None, Inode())
+        self.root.origin = b""
         self._by_ino = {}
+        self.entries = [self.root]
 
     def lookup(self, path: bytes) -> Entry:
         """The entry at ``path`` now, made up (as a file that already existed
@@ -165,7 +186,11 @@ class PathTracker:
             child = node.children.get(name)
             if child is None:
                 child = Entry(name, node, Inode())
+                if node.origin is not None:
+                    child.origin = node.origin + b"/" + name if node.origin else name
+                    child.origin_parent = node
                 node.children[name] = child
+                self.entries.append(child)
             node = child
         return node
 
@@ -209,6 +234,7 @@ class PathTracker:
                 self._by_ino[ino] = inode
             parent, base = self._parent_and_name(path)
             entry = Entry(base, parent, inode)
+            self.entries.append(entry)
             self._place(entry, path)  # replaces whatever the tracker had there
             return Touched(path, entry)
         if name == "rename":
@@ -232,6 +258,7 @@ class PathTracker:
             target = self.lookup(target_path)
             parent, base = self._parent_and_name(path)
             entry = Entry(base, parent, target.inode)
+            self.entries.append(entry)
             self._place(entry, path)
             return Touched(path, entry, target_path, target)
         if name in _REMOVE:
