@@ -32,6 +32,7 @@ from .repair import Healer
 from .verify import Report, find_headers, verify_file
 
 if TYPE_CHECKING:
+    from .session import SessionReceiver
     from .tls import Channel
     from .transport import Progress, Summary
 
@@ -277,36 +278,76 @@ def _verify_from_socket(
     max_command_size: int | None,
     verbose: bool,
 ) -> Report:
-    from .transport import ChannelReader, answer
-
-    with _accepted(address, mode, key_file, identity, verbose) as channel:
-        reader = ChannelReader(channel)
-        report = verify_file(reader, keep_going=keep_going, max_command_size=max_command_size)  # type: ignore[arg-type]
+    with _accepted(address, mode, key_file, identity, verbose) as session:
+        report = verify_file(session, keep_going=keep_going, max_command_size=max_command_size)  # type: ignore[arg-type]
         first = report.problems[0] if report.problems else None
-        answer(channel, report.exit_code, str(first) if first else "ok")
+        session.answer(report.exit_code, str(first) if first else "ok")
     return report
 
 
 @contextlib.contextmanager
-def _accepted(address: str, mode: str, key_file: str | None, identity: str, verbose: bool) -> Iterator[Channel]:
-    """Listen, accept one sender and shake hands; on an error, tell the sender before raising."""
+def _accepted(
+    address: str,
+    mode: str,
+    key_file: str | None,
+    identity: str,
+    verbose: bool,
+    *,
+    reconnect_timeout: float | None = None,
+    timeout: float = 30.0,
+) -> Iterator[SessionReceiver]:
+    """Listen, accept one sender, shake hands and open its session (or take a raw stream).
+
+    With ``reconnect_timeout`` the sender may reconnect after a drop (and a
+    first connection cut before its session started is waited for again); on
+    an error the sender is told before raising.
+    """
+    from .session import SessionReceiver, transient
     from .tls import accept_channel
-    from .transport import answer, listen, parse_address
+    from .transport import listen, parse_address
 
     key = _psk(mode, key_file, identity)
+    keys = (lambda name: key if name == identity else None) if key else None
     host, port = parse_address(address, listen=True)
+
+    def accept(sock: Any) -> Channel:
+        return accept_channel(sock, mode, keys, handshake_timeout=timeout)
+
+    def log(text: str) -> None:
+        if verbose:
+            click.echo(f"sendstream: {text}", err=True)
+
     with listen(host, port) as server:
-        sock, _ = server.accept()
-    with sock:
-        channel = accept_channel(sock, mode, (lambda name: key if name == identity else None) if key else None)
+        while True:
+            sock, _ = server.accept()
+            try:
+                with contextlib.ExitStack() as guard:
+                    guard.callback(sock.close)
+                    channel = accept(sock)
+                    guard.callback(channel.close)
+                    session = SessionReceiver(
+                        channel,
+                        server=server if reconnect_timeout is not None else None,
+                        accept=accept,
+                        reconnect_timeout=reconnect_timeout or 0.0,
+                        log=log,
+                    )
+                    guard.pop_all()
+                break
+            except Exception as exc:
+                if reconnect_timeout is None or not transient(exc):
+                    raise
+                log(f"a first connection failed before its session started: {exc}")
         if verbose:
             click.echo(f"sendstream: {channel.describe()}", err=True)
         try:
-            yield channel
+            yield session
         except e.SendStreamError as exc:
             with contextlib.suppress(OSError, e.SendStreamError):
-                answer(channel, exc.exit_code, str(exc))
+                session.answer(exc.exit_code, str(exc))
             raise
+        finally:
+            session.close()
 
 
 @cli.command()
@@ -375,20 +416,84 @@ def _quiet_progress(label: str, quiet: bool) -> Progress:
 @click.option("--to", "target", required=True, metavar="HOST:PORT", help="Where a `sendstream receive` listens.")
 @click.argument("stream", default="-")
 @_tls_options
+@click.option(
+    "--retries",
+    type=click.IntRange(min=0),
+    default=5,
+    show_default=True,
+    help="Connection attempts after a drop (or before the first connection), per outage.",
+)
+@click.option(
+    "--retry-delay",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Wait before the second attempt; doubles with each further one (at most 30 s).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="A connection that makes no progress this long counts as dropped.",
+)
+@click.option(
+    "--resumable",
+    is_flag=True,
+    help="Run a session that survives dropped connections (needs a sendstream receiver; ~1/3 slower).",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary.")
-@click.option("-v", "--verbose", is_flag=True, help="Say which TLS path each direction uses.")
-def send(target: str, stream: str, mode: str, key_file: str | None, identity: str, quiet: bool, verbose: bool) -> None:
-    """Check, heal and send STREAM (a file or -, e.g. from `btrfs send`) to HOST:PORT."""
+@click.option("-v", "--verbose", is_flag=True, help="Say which TLS path each direction uses, and every reconnect.")
+def send(
+    target: str,
+    stream: str,
+    mode: str,
+    key_file: str | None,
+    identity: str,
+    retries: int,
+    retry_delay: float,
+    timeout: float,
+    resumable: bool,
+    quiet: bool,
+    verbose: bool,
+) -> None:
+    """Check, heal and send STREAM (a file or -, e.g. from `btrfs send`) to HOST:PORT.
+
+    With --resumable the transfer survives dropped connections: the sender
+    reconnects and continues from the last command the receiver verified.
+    Without it the plain stream goes through TLS, which any TLS-PSK peer
+    (stunnel, openssl) can take, at full speed.
+    """
     from .tls import connect_channel
-    from .transport import connect, parse_address, send_stream
+    from .transport import connect, parse_address, send_resumable, send_stream
 
     key = _psk(mode, key_file, identity)
     host, port = parse_address(target)
-    with open_input(stream) as source, connect(host, port) as sock:
-        channel = connect_channel(sock, mode, key, identity)
-        if verbose:
+    shown = False
+
+    def connect_once() -> Channel:
+        nonlocal shown
+        sock = connect(host, port, timeout=timeout)
+        sock.settimeout(timeout)
+        channel = connect_channel(sock, mode, key, identity, handshake_timeout=timeout)
+        if verbose and not shown:
+            shown = True
             click.echo(f"sendstream: {channel.describe()}", err=True)
-        summary = send_stream(source, channel, _quiet_progress("sent", quiet))
+        return channel
+
+    def log(text: str) -> None:
+        if verbose:
+            click.echo(f"sendstream: {text}", err=True)
+
+    with open_input(stream) as source:
+        progress = _quiet_progress("sent", quiet)
+        if not resumable:
+            with connect_once() as channel:
+                summary = send_stream(source, channel, progress)
+        else:
+            summary = send_resumable(source, connect_once, progress, retries=retries, retry_delay=retry_delay, log=log)
     if not quiet:
         click.echo(f"sendstream: {summary.line('sent')}", err=True)
 
@@ -398,8 +503,24 @@ def send(target: str, stream: str, mode: str, key_file: str | None, identity: st
 @click.option("-o", "--output", default=None, metavar="FILE", help="Write the stream to FILE (- for stdout).")
 @click.option("--exec", "command", default=None, metavar="CMD", help="Write the stream to the stdin of CMD.")
 @_tls_options
+@click.option(
+    "--reconnect-timeout",
+    type=click.FloatRange(min=0),
+    default=300.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="After a drop, how long to wait for the sender to come back.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Longest TLS handshake of a new connection.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary.")
-@click.option("-v", "--verbose", is_flag=True, help="Say which TLS path each direction uses.")
+@click.option("-v", "--verbose", is_flag=True, help="Say which TLS path each direction uses, and every reconnect.")
 def receive(
     address: str,
     output: str | None,
@@ -407,34 +528,45 @@ def receive(
     mode: str,
     key_file: str | None,
     identity: str,
+    reconnect_timeout: float,
+    timeout: float,
     quiet: bool,
     verbose: bool,
 ) -> None:
     """Accept one sender, check every command, and write only checked ones
-    to stdout, a file or the stdin of CMD (e.g. 'btrfs receive DIR')."""
-    from .transport import answer, receive_stream
+    to stdout, a file or the stdin of CMD (e.g. 'btrfs receive DIR').
+
+    When the connection drops the sender may reconnect: the output (or CMD)
+    carries on where the last verified command ended.
+    """
+    from .transport import receive_resumable
 
     if output and command:
         raise e.UsageError("give -o or --exec, not both")
-    with _accepted(address, mode, key_file, identity, verbose) as channel:
+    accepted = _accepted(
+        address, mode, key_file, identity, verbose, reconnect_timeout=reconnect_timeout, timeout=timeout
+    )
+    with accepted as session:
         progress = _quiet_progress("received", quiet)
         if command:
-            summary = _receive_into_child(channel, command, progress)
+            summary = _receive_into_child(session, command, progress)
         else:
             with atomic_output(output or "-") as out:
-                summary = receive_stream(channel, out.write, progress)
-        answer(channel, 0, "ok")
+                session.flush = out.flush
+                summary = receive_resumable(session, out.write, progress)
+        session.answer(0, "ok", linger=min(reconnect_timeout, 60.0))
     if not quiet:
         click.echo(f"sendstream: {summary.line('received')}", err=True)
 
 
-def _receive_into_child(channel: Channel, command: str, progress: Progress) -> Summary:
-    from .transport import receive_stream
+def _receive_into_child(session: SessionReceiver, command: str, progress: Progress) -> Summary:
+    from .transport import receive_resumable
 
     child = subprocess.Popen(shlex.split(command), stdin=subprocess.PIPE)
     assert child.stdin is not None
+    session.flush = child.stdin.flush
     try:
-        summary = receive_stream(channel, child.stdin.write, progress)
+        summary = receive_resumable(session, child.stdin.write, progress)
     finally:
         # nothing unchecked was written: on an error the child sees its input end early
         with contextlib.suppress(BrokenPipeError):

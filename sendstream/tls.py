@@ -492,6 +492,11 @@ class Channel(abc.ABC):
                 raise
         finally:
             self._sock.close()
+            # A saved receive error's traceback holds a frame with a cffi
+            # buffer export; left to the garbage collector that cycle can crash.
+            saved = getattr(self, "_rx_error", None)
+            if saved is not None:
+                saved.__traceback__ = None
 
     def __enter__(self) -> Channel:
         return self

@@ -120,12 +120,18 @@ class Summary:
     path: str
     restarts: int = 0
     status: str = ""
+    reconnects: int = 0
+    resent: int = 0
 
     def line(self, verb: str) -> str:
         rate = self.bytes / max(self.seconds, 1e-9) / 1e6
         text = f"{verb} {self.bytes} bytes in {self.seconds:.2f} s ({rate:,.1f} MB/s); {self.path}"
         if self.restarts:
             text += f"; {self.restarts} restart{'s' * (self.restarts != 1)} healed"
+        if self.reconnects:
+            text += f"; resumed after {self.reconnects} drop{'s' * (self.reconnects != 1)}"
+            if self.resent:
+                text += f" ({self.resent} bytes sent again)"
         return text
 
 
@@ -161,6 +167,58 @@ def send_stream(source: BinaryIO, channel: Channel, progress: Progress) -> Summa
     if code and code != "0":
         raise e.RemoteError(f"the receiver failed: {message}", int(code) if code.isdigit() else e.EXIT_CORRUPT)
     return summary
+
+
+def send_resumable(
+    source: BinaryIO,
+    connect: Callable[[], Channel],
+    progress: Progress,
+    *,
+    retries: int = 5,
+    retry_delay: float = 1.0,
+    window: int | None = None,
+    log: Callable[[str], object] | None = None,
+) -> Summary:
+    """Check, heal and send a whole stream in a session (:mod:`sendstream.session`) that survives drops."""
+    from .session import WINDOW_SIZE, SessionSender
+
+    sender = SessionSender(
+        connect, retries=retries, retry_delay=retry_delay, window=window or WINDOW_SIZE, log=log, progress=progress.add
+    )
+    healer = Healer(sender.write)
+    try:
+        for event in file_events(source, Framer(), healer.batch):
+            healer.event(event)
+        code, message = sender.finish()
+    except BaseException as exc:
+        sender.abort(str(exc) if isinstance(exc, e.SendStreamError) else None)
+        raise
+    progress.done()
+    summary = Summary(
+        healer.written, progress.seconds, sender.describe, len(healer.restarts), f"{code} {message}", sender.reconnects
+    )
+    summary.resent = sender.resent
+    if code:
+        raise e.RemoteError(f"the receiver failed: {message}", code)
+    return summary
+
+
+def receive_resumable(session: Any, write: Callable[[Any], object], progress: Progress) -> Summary:
+    """Receive through a :class:`~sendstream.session.SessionReceiver`: check every command, write only checked ones."""
+
+    def counted(data: Any) -> None:
+        write(data)
+        session.wrote(len(data))
+
+    healer = Healer(counted)
+    session.progress = progress.add
+    for event in file_events(session, Framer(), healer.batch):
+        healer.event(event)
+    session.commit()
+    progress.done()
+    return Summary(
+        progress.bytes, progress.seconds, session.channel.describe(), len(healer.restarts), "", session.reconnects
+    )
 
 
 def _read_status(channel: Channel) -> str:

@@ -1,0 +1,825 @@
+"""The session layer: resumable transfers over a (TLS) channel.
+
+Version 1 of the protocol, inside the channel (TLS or plain TCP):
+
+sender -> receiver
+    ``sendstream-session 1 {JSON}\\n``: the hello. JSON holds ``stream``,
+    the stream identity: ``uuid``, ``ctransid``, ``parent_uuid``,
+    ``parent_ctransid`` (null for a full send) and ``version`` of the first
+    command (``subvol`` or ``snapshot``), and ``prefix`` / ``sha256``: the
+    length and SHA-256 of the first bytes of the (healed) stream, up to
+    :data:`PREFIX_SIZE`. An optional ``token`` is reserved for resuming
+    across restarts.
+
+    Then frames: ``D`` + u32 big-endian length + that many stream bytes;
+    ``E`` + u64 big-endian total length of the stream: the end. A connection
+    that ends (or fails, or stalls) before ``E`` is a drop, not an end, even
+    on plain TCP.
+
+receiver -> sender, lines
+    ``sendstream-session 1 {"verified": V, "resume": R}\\n``: the answer to
+    the hello. V is the offset of the last command boundary the receiver
+    verified, wrote downstream and flushed (0 when new); R >= V is where the
+    sender continues: the bytes between V and R already reached the
+    receiver's verifier in this run (they came through the authenticated
+    channel) and are not sent again.
+
+    ``ack V\\n``: V as it grows, at least every :data:`ACK_BYTES` of output
+    or :data:`ACK_SECONDS`, and every :data:`KEEPALIVE_SECONDS` anyway.
+
+    ``sendstream-status CODE MESSAGE\\n``: the end (CODE 0: the whole stream
+    was verified and written). After a status the sender closes its
+    ``B``: the sender got the status (then it closes). A receiver that
+    sees no ``B`` answers a reconnecting sender's hello with the status
+    again, for up to a minute.
+
+A receiver that reads ``btrfs-stream`` first takes a raw stream (an older
+sender, ``openssl s_client``, ``socat``): no session, no resume.
+
+Reconnect within one run: the sender keeps every byte after the last
+acknowledged offset in memory, up to :data:`WINDOW_SIZE` (64 MiB) plus one
+write of the healer (at most one command or one checked run of the input
+window) and waits for acknowledgements before it takes more. On a drop it
+reconnects (``retries`` attempts per outage, ``retry_delay`` doubling up to
+30 s), sends the hello again, and resends from R. The receiver keeps its
+verifier, its output and its ``--exec`` child across connections, and a new
+connection from the same stream supersedes the current one (a stalled
+connection is dropped as soon as the sender reconnects).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import queue
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from . import errors as e
+from .command import Command
+from .decoder import NEED_DATA, Decoder, StreamHeader
+from .tls import Channel, HandshakeError, TlsError, TruncationError
+
+MAGIC = b"sendstream-session"
+VERSION = 1
+PREFIX_SIZE = 64 << 10
+WINDOW_SIZE = 64 << 20
+ACK_BYTES = 4 << 20
+ACK_SECONDS = 0.5
+KEEPALIVE_SECONDS = 5.0
+MAX_LINE = 64 << 10
+MAX_FRAME = 16 << 20
+PIECE_SIZE = 64 << 10  # the sender holds and waits for acknowledgements in pieces of this size
+MAX_BACKOFF = 30.0
+STATUS_PREFIX = b"sendstream-status "
+RAW_MAGIC = b"btrfs-stream\0"
+_FRAME = struct.Struct(">cI")
+_END = struct.Struct(">cQ")
+
+
+class SessionError(e.SendStreamError):
+    """The peer broke the session protocol, or the session cannot continue."""
+
+    exit_code = e.EXIT_IO
+
+
+class Dropped(Exception):
+    """The current connection is gone (internal)."""
+
+
+def transient(exc: BaseException) -> bool:
+    """True for a failure a new connection may cure (a cut, a stall, a refused connect)."""
+    if isinstance(exc, (Dropped, TruncationError, TimeoutError, ConnectionError, EOFError)):
+        return True
+    if isinstance(exc, HandshakeError):
+        text = str(exc)
+        return not any(s in text for s in ("wrong key", "does the peer use", "unknown identity", "unknown PSK"))
+    if isinstance(exc, TlsError):
+        return "alert" not in str(exc) and "authentication" not in str(exc)
+    return isinstance(exc, OSError)
+
+
+def stream_identity(prefix: bytes) -> dict[str, Any]:
+    """The identity of the stream that starts with ``prefix`` (its first command, and a digest)."""
+    ident: dict[str, Any] = {
+        "version": None,
+        "command": None,
+        "uuid": None,
+        "ctransid": None,
+        "parent_uuid": None,
+        "parent_ctransid": None,
+    }
+    decoder = Decoder()
+    decoder.receive_data(prefix)
+    try:
+        while (event := decoder.next_event()) is not NEED_DATA:
+            if isinstance(event, StreamHeader):
+                ident["version"] = event.version
+            elif isinstance(event, Command):
+                ident["command"] = event.name
+                values = event.values()
+                for ours, theirs in (("uuid", "uuid"), ("ctransid", "ctransid")):
+                    if theirs in values:
+                        ident[ours] = str(values[theirs]) if ours == "uuid" else values[theirs]
+                if event.name == "snapshot":
+                    ident["parent_uuid"] = str(values.get("clone_uuid"))
+                    ident["parent_ctransid"] = values.get("clone_ctransid")
+                break
+            else:
+                break
+    except e.SendStreamError:
+        pass
+    ident["prefix"] = len(prefix)
+    ident["sha256"] = hashlib.sha256(prefix).hexdigest()
+    return ident
+
+
+def _json_line(head: bytes, obj: Any) -> bytes:
+    return head + b" " + json.dumps(obj, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+
+
+class ChannelBuffer:
+    """Buffered reads from a channel: exact reads, lines, and large reads straight into the caller's buffer."""
+
+    def __init__(self, channel: Channel, size: int = 256 << 10) -> None:
+        self.channel = channel
+        self._buf = bytearray(size)
+        self._view = memoryview(self._buf)
+        self._pos = 0
+        self._end = 0
+
+    @property
+    def buffered(self) -> int:
+        return self._end - self._pos
+
+    def _fill(self) -> None:
+        if self._pos == self._end:
+            self._pos = self._end = 0
+        elif self._end == len(self._buf):
+            self._buf[: self._end - self._pos] = self._buf[self._pos : self._end]
+            self._end -= self._pos
+            self._pos = 0
+        n = self.channel.recv_into(self._view[self._end :])
+        if not n:
+            raise EOFError("the connection ended")
+        self._end += n
+
+    def peek(self, n: int) -> bytes:
+        while self.buffered < n:
+            self._fill()
+        return bytes(self._buf[self._pos : self._pos + n])
+
+    def read_exact(self, n: int) -> bytes:
+        data = self.peek(n)
+        self._pos += n
+        return data
+
+    def readline(self, limit: int = MAX_LINE) -> bytes:
+        while True:
+            i = self._buf.find(b"\n", self._pos, self._end)
+            if i >= 0:
+                line = bytes(self._buf[self._pos : i + 1])
+                self._pos = i + 1
+                return line
+            if self.buffered >= limit:
+                raise SessionError(f"a line of the session protocol is longer than {limit} bytes")
+            self._fill()
+
+    def readinto(self, view: memoryview) -> int:
+        """Up to ``len(view)`` bytes; 0 at a clean end of the channel."""
+        if self.buffered:
+            n = min(self.buffered, len(view))
+            view[:n] = self._view[self._pos : self._pos + n]
+            self._pos += n
+            return n
+        return self.channel.recv_into(view)
+
+
+def _kill(channel: Channel | None) -> None:
+    """Make every thread blocked on ``channel`` return (the owner closes it)."""
+    if channel is not None:
+        with contextlib.suppress(OSError):
+            channel._sock.shutdown(socket.SHUT_RDWR)
+
+
+def _close(channel: Channel | None) -> None:
+    if channel is not None:
+        _kill(channel)
+        with contextlib.suppress(Exception):
+            channel._tx_failed = True  # no close_notify on a dropped connection
+            channel.close()
+        _forget_error(channel)
+
+
+def _forget_error(channel: Channel) -> None:
+    """Break the cycle channel -> its saved receive error -> traceback -> frame -> channel.
+
+    The frame holds a cffi ``from_buffer`` export of a memoryview; when the
+    cycle is left to the garbage collector, clearing that memoryview fails
+    ("memoryview has 1 exported buffer") and the process can crash (seen
+    with GnuTLS receive errors on dropped connections).
+    """
+    error = getattr(channel, "_rx_error", None)
+    if error is not None:
+        error.__traceback__ = None
+        channel._rx_error = None  # type: ignore[attr-defined]
+
+
+def parse_status(line: bytes) -> tuple[int, str]:
+    text = line[len(STATUS_PREFIX) :].decode("utf-8", "replace").rstrip("\n")
+    code, _, message = text.partition(" ")
+    return (int(code) if code.isdigit() else e.EXIT_CORRUPT), message
+
+
+# --- the sender -----------------------------------------------------------------------------------------------------
+
+
+class SessionSender:
+    """Sends the bytes given to :meth:`write` through sessions that survive drops.
+
+    ``connect()`` makes a new channel (TCP connect and TLS handshake).
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], Channel],
+        *,
+        retries: int = 5,
+        retry_delay: float = 1.0,
+        window: int = WINDOW_SIZE,
+        token: str | None = None,
+        log: Callable[[str], object] | None = None,
+        progress: Callable[[int], object] | None = None,
+    ) -> None:
+        self._connect = connect
+        self.retries = retries
+        self.retry_delay = retry_delay
+        self.window = max(window, PREFIX_SIZE + PIECE_SIZE)
+        self.token = token
+        self._log = log or (lambda text: None)
+        self._progress = progress or (lambda n: None)
+        self._cond = threading.Condition()
+        self._chunks: deque[bytes] = deque()
+        self.acked = 0  # the receiver's verified offset: everything before it is dropped from memory
+        self._base = 0  # stream offset of the first byte of self._chunks
+        self.written = 0  # stream bytes taken so far
+        self.identity: dict[str, Any] | None = None
+        self._prefix = bytearray()
+        self._channel: Channel | None = None
+        self._reader: threading.Thread | None = None
+        self._dead = False
+        self._ended = False
+        self.status: tuple[int, str] | None = None
+        self.reconnects = 0
+        self.resent = 0  # bytes sent more than once
+        self._sessions = 0
+        self._last: BaseException | None = None
+        self.describe = ""
+
+    # the stream side
+
+    def write(self, data: Any) -> None:
+        view = memoryview(data).cast("B")
+        for start in range(0, len(view), PIECE_SIZE):
+            self._write(bytes(view[start : start + PIECE_SIZE]))
+
+    def _write(self, data: bytes) -> None:
+        if self.identity is None:
+            self._prefix += data[: PREFIX_SIZE - len(self._prefix)]
+        with self._cond:
+            while (
+                self._channel is not None
+                and self.written - self.acked + len(data) > self.window
+                and self.written > self.acked
+            ):
+                if self._dead or self.status is not None:
+                    break
+                self._cond.wait(1.0)
+        if self.status is not None:
+            self._fail_on_status()
+        with self._cond:
+            self._chunks.append(data)
+            self.written += len(data)
+        if self._channel is None:
+            if len(self._prefix) >= PREFIX_SIZE:
+                self._open()
+            return
+        if self._dead:
+            self._reconnect()
+            return
+        try:
+            self._send_frames(self._channel, data)
+        except Exception as exc:
+            if not transient(exc):
+                raise
+            self._reconnect()
+
+    def finish(self) -> tuple[int, str]:
+        """Send the end, wait for the receiver's status (reconnecting as needed)."""
+        self._ended = True
+        if self._channel is None and self.status is None:
+            self._open()
+        while self.status is None:
+            channel = self._channel
+            assert channel is not None
+            try:
+                if self._dead:
+                    raise Dropped()
+                channel.send_all(_END.pack(b"E", self.written))
+                with self._cond:
+                    while self.status is None and not self._dead:
+                        self._cond.wait(1.0)
+                if self.status is None:
+                    raise Dropped()
+            except Exception as exc:
+                if not transient(exc):
+                    raise
+                self._reconnect()
+        # confirm: a ``B`` frame tells the receiver we got its status
+        if self._channel is not None:
+            with contextlib.suppress(Exception):
+                self._channel.send_all(b"B")
+                self._channel.shutdown_write()
+            self._stop_reader()
+            with contextlib.suppress(Exception):
+                self._channel.close()
+            _forget_error(self._channel)
+            self._channel = None
+        return self.status
+
+    def abort(self, reason: str | None = None) -> None:
+        """Give up: tell the receiver why (an ``X`` frame) when the connection still works."""
+        if reason is not None and self._channel is not None and not self._dead:
+            message = reason.encode("utf-8", "replace")[:4096]
+            with contextlib.suppress(Exception):
+                self._channel.send_all(_FRAME.pack(b"X", len(message)) + message)
+                self._channel.shutdown_write()
+        self._dead = True
+        _kill(self._channel)
+        self._stop_reader()
+        _close(self._channel)
+        self._channel = None
+
+    def _fail_on_status(self) -> None:
+        assert self.status is not None
+        code, message = self.status
+        raise e.RemoteError(f"the receiver failed: {message}", code or e.EXIT_CORRUPT)
+
+    # connections
+
+    def _open(self) -> None:
+        self.identity = stream_identity(bytes(self._prefix))
+        self._prefix = bytearray()
+        self._reconnect(first=True)
+
+    def _send_frames(self, channel: Channel, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        for start in range(0, len(view), MAX_FRAME):
+            piece = view[start : start + MAX_FRAME]
+            channel.send_all(_FRAME.pack(b"D", len(piece)) + piece)  # one write: no tiny TLS record
+            self._progress(len(piece))
+
+    def _stop_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.join(timeout=0.2)
+            if self._reader.is_alive():
+                _kill(self._channel)
+                self._reader.join()
+        self._reader = None
+
+    def _drop(self) -> None:
+        if self._channel is not None:
+            self._dead = True
+            _kill(self._channel)
+            self._stop_reader()
+            _close(self._channel)
+            self._channel = None
+
+    def _reconnect(self, *, first: bool = False) -> None:
+        failures = 0
+        self._drop()
+        while True:
+            if failures:
+                if failures > self.retries:
+                    what = "connecting" if first else "the connection dropped and"
+                    raise SessionError(
+                        f"{what} {self.retries} reconnect attempt{'s' * (self.retries != 1)} failed; "
+                        f"last error: {self._last}"
+                    )
+                time.sleep(min(self.retry_delay * 2 ** (failures - 1), MAX_BACKOFF))
+            try:
+                self._channel = self._connect()
+                self._session(self._channel)
+                return
+            except Exception as exc:
+                self._drop()
+                if not transient(exc):
+                    raise
+                self._last = exc.with_traceback(None)
+                failures += 1
+
+    def _session(self, channel: Channel) -> None:
+        """Hello, answer, resend (or the final status, from a receiver that finished)."""
+        self.describe = channel.describe()
+        hello: dict[str, Any] = {"stream": self.identity}
+        if self.token:
+            hello["token"] = self.token
+        channel.send_all(_json_line(MAGIC + b" %d" % VERSION, hello))
+        buf = ChannelBuffer(channel, 64 << 10)
+        line = buf.readline()
+        if line.startswith(STATUS_PREFIX):
+            self.status = parse_status(line)
+            self._dead = False
+            return
+        head = MAGIC + b" %d " % VERSION
+        if not line.startswith(head):
+            raise SessionError(f"the receiver does not speak the session protocol (it said {line[:60]!r})")
+        reply = json.loads(line[len(head) :])
+        verified, resume = int(reply["verified"]), int(reply["resume"])
+        with self._cond:
+            if verified > self.written or resume > self.written:
+                raise SessionError(f"the receiver has {resume} bytes, more than the {self.written} sent")
+            self._advance(verified)
+            if resume < self._base:
+                raise SessionError(
+                    f"the receiver asks to resume at offset {resume}, before offset {self._base}, "
+                    "which is no longer held"
+                )
+            self._dead = False
+        if self._sessions:
+            self.reconnects += 1
+            self.resent += self.written - resume
+            self._log(f"session: receiver verified {verified} bytes, resuming at {resume} of {self.written}")
+        self._sessions += 1
+        self._reader = threading.Thread(target=self._read_acks, args=(buf,), daemon=True)
+        self._reader.start()
+        skip = resume - self._base
+        for piece in list(self._chunks):
+            if skip >= len(piece):
+                skip -= len(piece)
+                continue
+            self._send_frames(channel, memoryview(piece)[skip:])
+            skip = 0
+
+    def _advance(self, offset: int) -> None:
+        """Drop acknowledged bytes (holding the lock)."""
+        if offset <= self.acked:
+            return
+        self.acked = offset
+        while self._chunks and self._base + len(self._chunks[0]) <= offset:
+            self._base += len(self._chunks.popleft())
+        self._cond.notify_all()
+
+    def _read_acks(self, buf: ChannelBuffer) -> None:
+        try:
+            while True:
+                line = buf.readline()
+                if line.startswith(b"ack "):
+                    with self._cond:
+                        self._advance(int(line[4:]))
+                elif line.startswith(STATUS_PREFIX):
+                    with self._cond:
+                        self.status = parse_status(line)
+                        self._cond.notify_all()
+                    return
+                else:
+                    raise SessionError(f"unexpected line from the receiver: {line[:60]!r}")
+        except Exception:
+            with self._cond:
+                self._dead = True
+                self._cond.notify_all()
+
+
+# --- the receiver ---------------------------------------------------------------------------------------------------
+
+
+class SessionReceiver:
+    """The stream bytes of one sender, as a ``readinto`` source, across reconnects.
+
+    ``accept(sock)`` shakes hands on an accepted socket. ``server`` is the
+    listening socket (None: no reconnect). Call :meth:`wrote` after every
+    write downstream, :meth:`flush_needed` is asked before each wait.
+    """
+
+    def __init__(
+        self,
+        channel: Channel,
+        *,
+        server: socket.socket | None = None,
+        accept: Callable[[socket.socket], Channel] | None = None,
+        flush: Callable[[], object] | None = None,
+        reconnect_timeout: float = 300.0,
+        log: Callable[[str], object] | None = None,
+        progress: Callable[[int], object] | None = None,
+    ) -> None:
+        self._server = server
+        self._accept = accept
+        self.flush = flush or (lambda: None)
+        self.reconnect_timeout = reconnect_timeout
+        self._log = log or (lambda text: None)
+        self.progress = progress or (lambda n: None)
+        self.received = 0  # stream bytes handed to the verifier (R)
+        self.written = 0  # stream bytes written downstream
+        self.verified = 0  # ... and flushed (V, acknowledged)
+        self._acked = 0
+        self._ack_time = 0.0
+        self.identity: dict[str, Any] | None = None
+        self.raw = False
+        self.reconnects = 0
+        self._frame_left = 0
+        self._done = False
+        self._incoming: queue.Queue[Channel] = queue.Queue()
+        self._stop = threading.Event()
+        self._send_lock = threading.Lock()
+        self._ack_now = threading.Event()
+        self._acker: threading.Thread | None = None
+        self._listener: threading.Thread | None = None
+        self._buf = ChannelBuffer(channel)
+        self.channel = channel
+        self._start()
+
+    # set-up
+
+    def _start(self) -> None:
+        first = self._buf.peek(len(RAW_MAGIC))
+        if first == RAW_MAGIC:
+            self.raw = True
+            return
+        self._hello(self._buf)
+        if self._server is not None and self._accept is not None:
+            self._listener = threading.Thread(target=self._listen, daemon=True)
+            self._listener.start()
+        self._start_acker()
+
+    def _hello(self, buf: ChannelBuffer) -> None:
+        line = buf.readline()
+        head = MAGIC + b" %d " % VERSION
+        if not line.startswith(MAGIC):
+            raise SessionError(f"the sender does not speak the session protocol (it sent {line[:40]!r})")
+        if not line.startswith(head):
+            raise SessionError(f"session protocol version {line[len(MAGIC) + 1 :].split(b' ')[0]!r} is not {VERSION}")
+        hello = json.loads(line[len(head) :])
+        identity = hello.get("stream")
+        if self.identity is None:
+            self.identity = identity
+        elif identity != self.identity:
+            raise SessionError("a sender of another stream connected: refused")
+        self._frame_left = 0
+        buf.channel.send_all(_json_line(MAGIC + b" %d" % VERSION, {"verified": self.verified, "resume": self.received}))
+
+    def _listen(self) -> None:
+        """Accept new connections while the transfer runs: each supersedes the current one."""
+        assert self._server is not None and self._accept is not None
+        self._server.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                sock, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                if exc.errno in (errno.EBADF, errno.EINVAL) or self._stop.is_set():
+                    return
+                time.sleep(0.05)  # ECONNABORTED (a connection reset in the backlog), EMFILE: go on
+                continue
+            threading.Thread(target=self._handshake, args=(sock,), daemon=True).start()
+
+    def _handshake(self, sock: socket.socket) -> None:
+        sock.settimeout(None)
+        assert self._accept is not None
+        try:
+            channel = self._accept(sock)
+        except Exception as exc:
+            self._log(f"session: a connection failed its handshake: {exc}")
+            with contextlib.suppress(OSError):
+                sock.close()
+            return
+        if self._stop.is_set():
+            _close(channel)
+            return
+        _kill(self.channel)  # the new connection supersedes the current one
+        self._incoming.put(channel)
+
+    # acknowledgements
+
+    def _start_acker(self) -> None:
+        self._stop_acker = threading.Event()
+        self._acker = threading.Thread(target=self._ack_loop, args=(self.channel, self._stop_acker), daemon=True)
+        self._acker.start()
+
+    def _ack_loop(self, channel: Channel, stop: threading.Event) -> None:
+        last = time.monotonic()
+        while True:
+            self._ack_now.wait(ACK_SECONDS / 2)
+            self._ack_now.clear()
+            if stop.is_set():
+                return
+            now = time.monotonic()
+            if self.verified != self._acked or now - last >= KEEPALIVE_SECONDS:
+                try:
+                    self._send_ack(channel)
+                except Exception:
+                    return
+                last = now
+
+    def _send_ack(self, channel: Channel) -> None:
+        with self._send_lock:
+            verified = self.verified
+            channel.send_all(b"ack %d\n" % verified)
+            self._acked = verified
+
+    def _halt_acker(self) -> None:
+        if self._acker is not None:
+            self._stop_acker.set()
+            self._ack_now.set()
+            self._acker.join(timeout=1.0)
+            if self._acker.is_alive():
+                _kill(self.channel)
+                self._acker.join()
+            self._acker = None
+
+    # the stream
+
+    def wrote(self, n: int) -> None:
+        self.written += n
+        if self.written - self.verified >= ACK_BYTES:
+            self.commit()
+
+    def commit(self) -> None:
+        if self.written != self.verified:
+            self.flush()
+            self.verified = self.written
+            if self.verified - self._acked >= ACK_BYTES:
+                self._ack_now.set()
+
+    def readinto(self, view: Any) -> int:
+        view = memoryview(view).cast("B")
+        if self.raw:
+            self.commit()
+            n = self._buf.readinto(view)
+            self.received += n
+            self.progress(n)
+            return n
+        total = 0
+        while total < len(view):
+            if self._done:
+                break
+            if total and not self._buf.buffered:
+                break  # return what came rather than wait for more
+            if not self._buf.buffered:
+                self.commit()  # about to wait: what is written is verified
+            try:
+                n = self._read_some(view[total:])
+            except e.RemoteError:
+                if total:
+                    break  # after the data before it
+                raise
+            except Exception as exc:
+                if not transient(exc) and not isinstance(exc, SessionError):
+                    raise
+                if total:
+                    break  # the drop is seen again by the next call
+                self._dropped(exc)
+                continue
+            if n:
+                total += n
+                self.received += n
+        if total:
+            self.progress(total)
+        return total
+
+    def _read_some(self, view: memoryview) -> int:
+        if self._frame_left == 0:
+            kind = self._buf.read_exact(1)
+            if kind == b"D":
+                (self._frame_left,) = struct.unpack(">I", self._buf.read_exact(4))
+                if self._frame_left > MAX_FRAME:
+                    raise SessionError(f"a frame of {self._frame_left} bytes")
+                return 0
+            if kind == b"E":
+                (total,) = struct.unpack(">Q", self._buf.read_exact(8))
+                if total != self.received:
+                    raise SessionError(f"the sender ended at {total} bytes, {self.received} received")
+                self._done = True
+                return 0
+            if kind == b"X":
+                (length,) = struct.unpack(">I", self._buf.read_exact(4))
+                reason = self._buf.read_exact(min(length, 4096)).decode("utf-8", "replace")
+                self._done = True
+                raise e.RemoteError(f"the sender gave up: {reason}", e.EXIT_CORRUPT)
+            raise SessionError(f"unexpected frame type {kind!r}")
+        n = self._buf.readinto(view[: self._frame_left])
+        if not n:
+            raise EOFError("the connection ended inside a frame")
+        self._frame_left -= n
+        return n
+
+    def _dropped(self, exc: BaseException) -> None:
+        if self._server is None or self._accept is None:
+            if isinstance(exc, SessionError):
+                raise exc
+            raise e.TruncatedStream(f"the connection dropped: {exc}", offset=self.received) from exc
+        self._log(f"session: connection lost at {self.received} bytes ({exc}); waiting for the sender")
+        self._halt_acker()
+        _close(self.channel)
+        deadline = time.monotonic() + self.reconnect_timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                channel = self._incoming.get(timeout=max(left, 0.001))
+            except queue.Empty:
+                raise e.TruncatedStream(
+                    f"the connection dropped and the sender did not come back within {self.reconnect_timeout:g} s",
+                    offset=self.received,
+                ) from exc
+            self.channel = channel
+            self._buf = ChannelBuffer(channel)
+            try:
+                self.commit()
+                self._hello(self._buf)
+            except SessionError as bad:
+                if "another stream" in str(bad):
+                    with contextlib.suppress(Exception):
+                        channel.send_all(STATUS_PREFIX + f"{e.EXIT_USAGE} {bad}".encode() + b"\n")
+                self._log(f"session: {bad}")
+                _close(channel)
+                continue
+            except Exception as bad:
+                self._log(f"session: a new connection failed: {bad}")
+                _close(channel)
+                continue
+            self.reconnects += 1
+            self._start_acker()
+            return
+
+    # the end
+
+    def answer(self, code: int, message: str, *, linger: float = 0.0) -> None:
+        """Send the status; on success wait for the sender's confirmation (or its return)."""
+        status = STATUS_PREFIX + f"{code} {message}".encode() + b"\n"
+        if self.raw:
+            try:
+                self.channel.send_all(status)
+            finally:
+                self._quiet_close(self.channel)
+            return
+        self._halt_acker()
+        try:
+            try:
+                with self._send_lock:
+                    if code == 0:
+                        self.channel.send_all(b"ack %d\n" % self.verified)
+                    self.channel.send_all(status)
+                confirmed = self._confirmed(self._buf)
+            except Exception:
+                confirmed = False
+            _close(self.channel) if not confirmed else self._quiet_close(self.channel)
+            deadline = time.monotonic() + linger
+            while not confirmed and self._server is not None and time.monotonic() < deadline:
+                try:
+                    channel = self._incoming.get(timeout=max(deadline - time.monotonic(), 0.001))
+                except queue.Empty:
+                    break
+                try:
+                    buf = ChannelBuffer(channel)
+                    line = buf.readline()
+                    hello = json.loads(line[len(MAGIC) + 3 :])
+                    if hello.get("stream") != self.identity:
+                        raise SessionError("another stream")
+                    channel.send_all(status)
+                    confirmed = self._confirmed(buf)
+                except Exception:
+                    pass
+                _close(channel) if not confirmed else self._quiet_close(channel)
+        finally:
+            self._stop.set()
+
+    def _quiet_close(self, channel: Channel) -> None:
+        with contextlib.suppress(Exception):
+            channel.close()
+        _forget_error(channel)
+
+    @staticmethod
+    def _confirmed(buf: ChannelBuffer) -> bool:
+        """The sender's ``B`` after our status: it got it."""
+        buf.channel._timeout = 10.0
+        try:
+            return buf.read_exact(1) == b"B"
+        except Exception:
+            return False
+
+    def close(self) -> None:
+        self._stop.set()
+        self._halt_acker()
+        _close(self.channel)
+        while True:
+            try:
+                _close(self._incoming.get_nowait())
+            except queue.Empty:
+                break

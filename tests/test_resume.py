@@ -1,0 +1,369 @@
+"""Resumable transfers: a fault-injecting TCP proxy between sender and receiver.
+
+The proxy cuts connections at seeded random byte positions (inside the TLS
+handshake or the session hello, inside a command, right after a chunk from
+the receiver such as an acknowledgement or the final status) and stalls
+them; every transfer must end with output sha256-identical to the source.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import random
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import FIXTURES
+from test_transport import CMD, free_port
+
+from sendstream.session import stream_identity
+
+SAMPLE = FIXTURES / "rich-full-v2.stream"
+DATA = SAMPLE.read_bytes()
+SHA = hashlib.sha256(DATA).hexdigest()
+RECEIVER = ["--reconnect-timeout", "4", "--timeout", "5"]
+SENDER = ["--retries", "8", "--retry-delay", "0.05", "--timeout", "1.5"]
+SEED = int(os.environ.get("SENDSTREAM_FAULT_SEED", "20261130"))
+
+
+class Proxy:
+    """Forwards 127.0.0.1:port to the target; connection i suffers ``faults[i]`` (then none)."""
+
+    def __init__(self, target: int, faults: list[tuple[Any, ...]]) -> None:
+        self.target = target
+        self.faults = list(faults)
+        self.cuts = 0
+        self.stalls = 0
+        self.connections = 0
+        self.server = socket.socket()
+        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(16)
+        self.port = self.server.getsockname()[1]
+        self._stop = False
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self._stop = True
+        with contextlib.suppress(OSError):
+            self.server.shutdown(socket.SHUT_RDWR)
+        self.server.close()
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            fault = self.faults.pop(0) if self.faults else ("none",)
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(client, fault), daemon=True).start()
+
+    def _serve(self, client: socket.socket, fault: tuple[Any, ...]) -> None:
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+        except OSError:
+            client.close()
+            return
+        state = {"cut": False, "c2s": 0, "s2c_chunks": 0}
+        gate = threading.Event()
+        gate.set()
+
+        def cut(rst: bool) -> None:
+            with self._lock:
+                if state["cut"]:
+                    return
+                state["cut"] = True
+                self.cuts += 1
+            for s in (client, upstream):
+                with contextlib.suppress(OSError):
+                    if rst:
+                        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    s.shutdown(socket.SHUT_RDWR)
+                with contextlib.suppress(OSError):
+                    s.close()
+
+        kind = fault[0]
+
+        def c2s() -> None:
+            limit = fault[1] if kind in ("c2s", "stall") else None
+            while not state["cut"]:
+                try:
+                    chunk = client.recv(65536)
+                except OSError:
+                    break
+                if not chunk:
+                    with contextlib.suppress(OSError):
+                        upstream.shutdown(socket.SHUT_WR)
+                    return
+                if limit is not None and state["c2s"] + len(chunk) >= limit:
+                    head = chunk[: limit - state["c2s"]]
+                    with contextlib.suppress(OSError):
+                        upstream.sendall(head)
+                    state["c2s"] += len(head)
+                    if kind == "c2s":
+                        cut(fault[2])
+                        return
+                    # a stall: nothing moves either way for a while, then it goes on or is cut
+                    gate.clear()
+                    with self._lock:
+                        self.stalls += 1
+                    time.sleep(fault[2])
+                    if fault[3]:
+                        cut(True)
+                        return
+                    gate.set()
+                    chunk = chunk[len(head) :]
+                    limit = None
+                gate.wait()
+                try:
+                    upstream.sendall(chunk)
+                except OSError:
+                    break
+                state["c2s"] += len(chunk)
+            cut(False)
+
+        def s2c() -> None:
+            while not state["cut"]:
+                try:
+                    chunk = upstream.recv(65536)
+                except OSError:
+                    break
+                gate.wait()
+                if not chunk:
+                    with contextlib.suppress(OSError):
+                        client.shutdown(socket.SHUT_WR)
+                    return
+                try:
+                    client.sendall(chunk)
+                except OSError:
+                    break
+                state["s2c_chunks"] += 1
+                if kind == "s2c" and state["s2c_chunks"] >= fault[1]:
+                    cut(fault[2])
+                    return
+            cut(False)
+
+        threads = [threading.Thread(target=c2s, daemon=True), threading.Thread(target=s2c, daemon=True)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for s in (client, upstream):
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+def plan(rng: random.Random, n: int, mode: str) -> list[tuple[Any, ...]]:
+    faults: list[tuple[Any, ...]] = []
+    for _ in range(n):
+        r = rng.random()
+        rst = rng.random() < 0.5
+        if r < 0.25:  # inside the TLS handshake, or the session hello
+            faults.append(("c2s", rng.randrange(1, 1200 if mode != "none" else 400), rst))
+        elif r < 0.7:  # inside the stream: almost always inside a command
+            faults.append(("c2s", rng.randrange(1200, 120_000), rst))
+        elif r < 0.92:  # right after something from the receiver (the hello answer, an ack, the status)
+            faults.append(("s2c", rng.randrange(1, 5), rst))
+        else:  # a stall, short (goes on) or long (cut once the sender gave up on it)
+            faults.append(("stall", rng.randrange(1, 100_000), rng.choice([0.3, 2.5]), rng.random() < 0.5))
+    return faults
+
+
+def tls(mode: str, key: Path) -> list[str]:
+    return ["--tls", mode] if mode == "none" else ["--tls", mode, "--key", str(key)]
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> Path:
+    path = tmp_path / "psk.key"
+    path.write_bytes(os.urandom(32))
+    path.chmod(0o600)
+    return path
+
+
+def faulty_transfer(
+    mode: str, key: Path, out: Path, faults: list[tuple[Any, ...]], source: Path = SAMPLE
+) -> tuple[Proxy, subprocess.CompletedProcess[bytes], tuple[int, bytes]]:
+    port = free_port()
+    proxy = Proxy(port, faults)
+    recv = subprocess.Popen(
+        [*CMD, "receive", "--listen", f"127.0.0.1:{port}", "-o", str(out), *tls(mode, key), "-q", "-v", *RECEIVER],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        sent = subprocess.run(
+            [
+                *CMD,
+                "send",
+                "--resumable",
+                "--to",
+                f"127.0.0.1:{proxy.port}",
+                str(source),
+                *tls(mode, key),
+                "-v",
+                *SENDER,
+            ],
+            capture_output=True,
+            timeout=90,
+        )
+        _, err = recv.communicate(timeout=60)
+    finally:
+        recv.kill()
+        proxy.close()
+    return proxy, sent, (recv.returncode, err)
+
+
+def test_200_seeded_cuts_all_resume_to_identical_output(key: Path, tmp_path: Path) -> None:
+    rng = random.Random(SEED)
+    modes = ["tls13-aes128-gcm", "none", "tls12-aes128-gcm"]
+    total_cuts = total_stalls = transfers = 0
+    started = time.monotonic()
+    while total_cuts < 200:
+        assert time.monotonic() - started < 400, f"too slow: {total_cuts} cuts in {transfers} transfers"
+        mode = modes[transfers % len(modes)]
+        out = tmp_path / f"out-{transfers}.stream"
+        faults = plan(rng, 8, mode)
+        proxy, sent, (code, err) = faulty_transfer(mode, key, out, faults)
+        context = f"transfer {transfers} ({mode}, seed {SEED}, faults {faults}): {sent.stderr!r} {err!r}"
+        assert sent.returncode == 0 and code == 0, context
+        assert hashlib.sha256(out.read_bytes()).hexdigest() == SHA, context
+        total_cuts += proxy.cuts
+        total_stalls += proxy.stalls
+        transfers += 1
+        out.unlink()
+    print(f"{total_cuts} cuts and {total_stalls} stalls over {transfers} transfers, all resumed")
+
+
+def test_a_pipe_source_and_one_child_across_reconnects(key: Path, tmp_path: Path) -> None:
+    """`btrfs send | sendstream send` (a pipe) into `receive --exec`: the child is started once."""
+    port = free_port()
+    faults = [("c2s", 20_000, True), ("c2s", 150_000, False), ("s2c", 2, True)]
+    proxy = Proxy(port, faults)
+    target, starts = tmp_path / "via-child.stream", tmp_path / "starts"
+    child = f"sh -c 'echo started >> {starts}; cat > {target}'"
+    recv = subprocess.Popen(
+        [*CMD, "receive", "--listen", f"127.0.0.1:{port}", "--key", str(key), "--exec", child, "-v"],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        sent = subprocess.run(
+            [
+                *CMD,
+                "send",
+                "--resumable",
+                "--to",
+                f"127.0.0.1:{proxy.port}",
+                "-",
+                "--key",
+                str(key),
+                "--retry-delay",
+                "0.05",
+                "-v",
+            ],
+            input=DATA,
+            capture_output=True,
+            timeout=60,
+        )
+        _, err = recv.communicate(timeout=60)
+    finally:
+        recv.kill()
+        proxy.close()
+    assert sent.returncode == 0 and recv.returncode == 0, (sent.stderr, err)
+    assert proxy.cuts >= 2
+    assert target.read_bytes() == DATA
+    assert starts.read_text() == "started\n"
+    assert b"resumed after" in sent.stderr and b"connection lost" in err
+
+
+def test_the_sender_holds_at_most_the_window(tmp_path: Path) -> None:
+    """Resending never exceeds the window: everything before it was acknowledged."""
+    from sendstream.session import SessionReceiver, SessionSender
+    from sendstream.tls import PlainChannel
+    from sendstream.transport import connect, listen
+
+    server = listen("127.0.0.1", 0)
+    port = server.getsockname()[1]
+    out = bytearray()
+    window = 128 << 10  # the smallest: the first 64 KiB and a piece of 64 KiB
+
+    def receive() -> None:
+        sock, _ = server.accept()
+        session = SessionReceiver(PlainChannel(sock), server=server, accept=PlainChannel, reconnect_timeout=10)
+        view = memoryview(bytearray(7000))
+        while n := session.readinto(view):
+            out.extend(view[:n])
+            session.wrote(n)
+        session.commit()
+        session.answer(0, "ok", linger=5)
+        session.close()
+
+    thread = threading.Thread(target=receive, daemon=True)
+    thread.start()
+    cuts = iter([100_000, 180_000, 250_000])
+    sockets: list[socket.socket] = []
+
+    def connect_once() -> PlainChannel:
+        sock = connect("127.0.0.1", port)
+        sock.settimeout(5)
+        sockets.append(sock)
+        return PlainChannel(sock)
+
+    sender = SessionSender(connect_once, retries=3, retry_delay=0.01, window=window)
+    next_cut = next(cuts)
+    maximum = 0
+    for start in range(0, len(DATA), 1000):
+        sender.write(DATA[start : start + 1000])
+        maximum = max(maximum, sender.written - sender.acked)
+        if sender.written >= next_cut:
+            sockets[-1].shutdown(socket.SHUT_RDWR)  # a cut
+            next_cut = next(cuts, 1 << 40)
+    assert sender.finish() == (0, "ok")
+    thread.join(10)
+    server.close()
+    assert bytes(out) == DATA
+    assert sender.reconnects == 3
+    assert maximum <= window
+    assert sender.resent <= 3 * window
+
+
+def test_a_sender_of_another_stream_is_refused(tmp_path: Path) -> None:
+    """A reconnect must announce the same stream identity."""
+    assert stream_identity(DATA[:65536]) != stream_identity((FIXTURES / "rich-incr-v2.stream").read_bytes()[:65536])
+    ident = stream_identity(DATA[:65536])
+    assert ident["command"] == "subvol" and ident["uuid"] and ident["parent_uuid"] is None
+    incr = stream_identity((FIXTURES / "rich-incr-v2.stream").read_bytes()[:65536])
+    assert incr["command"] == "snapshot" and incr["parent_uuid"] == "5751d173-386b-2e48-a1ec-5e5bd918dd22"
+
+
+def test_raw_stream_still_accepted(tmp_path: Path) -> None:
+    """An old-style sender (the raw stream, no session) still works."""
+    port = free_port()
+    out = tmp_path / "o"
+    recv = subprocess.Popen(
+        [*CMD, "receive", "--listen", f"127.0.0.1:{port}", "--tls", "none", "-o", str(out)], stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        sent = subprocess.run(
+            [*CMD, "send", "--to", f"127.0.0.1:{port}", str(SAMPLE), "--tls", "none"], capture_output=True
+        )
+        if b"refused" not in sent.stderr or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    recv.communicate(timeout=30)
+    assert sent.returncode == 0 and recv.returncode == 0, sent.stderr
+    assert out.read_bytes() == DATA
+
+
+_ = sys
