@@ -11,7 +11,7 @@ from .encoder import Encoder, encode_command, encode_stream_header
 from .errors import FormatError, SendStreamError, UsageError
 from .files import events
 from .format import Timespec
-from .verify import Report, verify_buffer, verify_file
+from .verify import Report, verify_file
 
 __version__ = "0.1.0"
 
@@ -35,6 +35,5 @@ __all__ = [
     "encode_stream_header",
     "events",
     "reference_crc32c",
-    "verify_buffer",
     "verify_file",
 ]

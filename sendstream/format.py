@@ -244,7 +244,6 @@ STREAM_HEADER_SIZE = STREAM_HEADER.size
 COMMAND_HEADER_SIZE = COMMAND_HEADER.size
 TLV_HEADER_SIZE = TLV_HEADER.size
 # Where the crc field sits inside the command header.
-CRC_FIELD = slice(COMMAND_HEADER_SIZE - 4, COMMAND_HEADER_SIZE)
 
 _VALUE_STRUCTS: dict[str, struct.Struct] = {
     "u8": struct.Struct(c.Int8ul.fmtstr),

@@ -2,7 +2,8 @@
 
 Input comes in windows (:mod:`sendstream.files`: mapped page cache for a
 regular file, a reused page-aligned buffer for a pipe) and every complete
-command in a window is framed and checked in one :func:`verify_buffer` call.
+command in a window is framed and checked in one call of the native scanner
+(:func:`sendstream.native.native_scan`, driven by :func:`sendstream.scan.run_batch`).
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from . import errors as e
-from .decoder import EndOfInput, Framer, NeedData
+from .decoder import Framer
 from .files import file_events, windows_for
 from .format import STREAM_HEADER_SIZE, STREAM_MAGIC
-from .native import END, NATIVE, NEED, native_scan
-from .scan import run_batch
+from .native import NATIVE, native_scan
 
 
 @dataclass
@@ -43,30 +43,6 @@ class Report:
 
 def _scan(mv: memoryview, pos: int, version: int, limit: int, origin: int) -> tuple[int, int, int, int, int]:
     return native_scan(mv, pos, version, limit)
-
-
-def verify_buffer(framer: Framer, mv: memoryview, pos: int, eof: bool, origin: int) -> tuple[int, int]:
-    """Check every complete event in ``mv[pos:]``.
-
-    Returns where checking stopped (the start of a partial command) and how
-    many bytes from there the next event needs; 0 when the input is
-    finished. Raises the first :class:`~sendstream.errors.FormatError`
-    unless the framer keeps going. Clean commands go through the native
-    scanner when it is built; the framer handles everything else.
-    """
-    step = framer.step
-    while True:
-        if NATIVE and framer.version:
-            pos, status, need = run_batch(framer, _scan, mv, pos, origin)
-            if status == END:
-                continue
-            if status == NEED and not eof:
-                return pos, need
-        event, pos, need = step(mv, pos, eof, origin)
-        if event.__class__ is NeedData:
-            return pos, need
-        if event.__class__ is EndOfInput:
-            return pos, 0
 
 
 def verify_file(source: BinaryIO, *, keep_going: bool = False, max_command_size: int | None = None) -> Report:

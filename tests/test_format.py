@@ -57,7 +57,9 @@ def test_construct_and_the_fast_decoder_agree(stream_path: Path) -> None:
         elif event[0] == "cmd":
             _, offset, _, cmd, crc, attrs, _payload = event
             length = struct.unpack_from("<L", data, offset)[0]
-            parsed = f.command(version).parse(data[offset : offset + 10 + length])
+            parsed = f.parse_with(
+                f.command(version), data[offset : offset + 10 + length], offset=offset, what="a command"
+            )
             assert (parsed.len, parsed.cmd, parsed.crc) == (length, cmd, crc)
             assert [(a.type, a.value) for a in parsed.attributes] == list(attrs)
 
@@ -107,3 +109,11 @@ def test_typed_values_and_build() -> None:
     assert snap.get("ino", None) is None
     with pytest.raises(KeyError):
         snap.get("ino")
+
+
+def test_construct_errors_become_ours() -> None:
+    from sendstream.errors import FormatError
+
+    with pytest.raises(FormatError) as info:
+        f.parse_with(f.StreamHeader, b"not-a-header-at-all", offset=5, what="a stream header")
+    assert info.value.offset == 5 and info.value.expected == "a stream header"
