@@ -4,17 +4,47 @@ The core is sans-IO: :class:`Decoder` takes bytes and returns events,
 :class:`Encoder` takes events or commands and returns bytes.
 """
 
-from .command import Command
-from .crc import crc32c, reference_crc32c
-from .decoder import NEED_DATA, Decoder, EndOfInput, Framer, NeedData, Restart, StreamHeader
-from .encoder import Encoder, encode_command, encode_stream_header
-from .errors import FormatError, SendStreamError, UsageError
-from .files import events
-from .format import Timespec
-from .verify import Report, verify_file
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .command import Command
+    from .crc import crc32c, reference_crc32c
+    from .decoder import NEED_DATA, Decoder, EndOfInput, Framer, NeedData, Restart, StreamHeader
+    from .encoder import Encoder, encode_command, encode_stream_header
+    from .errors import FormatError, SendStreamError, UsageError
+    from .files import events
+    from .specs import Timespec
+    from .verify import Report, verify_file
 
 __version__ = "0.1.0"
 
+# Where each public name lives: loaded on first use, so that `import
+# sendstream.cli` (every command's start-up) pays only for what it runs.
+_HOME = {
+    "NEED_DATA": "decoder",
+    "Command": "command",
+    "Decoder": "decoder",
+    "Encoder": "encoder",
+    "EndOfInput": "decoder",
+    "FormatError": "errors",
+    "Framer": "decoder",
+    "NeedData": "decoder",
+    "Report": "verify",
+    "Restart": "decoder",
+    "SendStreamError": "errors",
+    "StreamHeader": "decoder",
+    "Timespec": "specs",
+    "UsageError": "errors",
+    "crc32c": "crc",
+    "encode_command": "encoder",
+    "encode_stream_header": "encoder",
+    "events": "files",
+    "reference_crc32c": "crc",
+    "verify_file": "verify",
+}
 __all__ = [
     "NEED_DATA",
     "Command",
@@ -37,3 +67,16 @@ __all__ = [
     "reference_crc32c",
     "verify_file",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'sendstream' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

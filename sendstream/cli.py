@@ -7,12 +7,8 @@ table of exit codes.
 from __future__ import annotations
 
 import contextlib
-import getpass
 import os
-import shlex
-import subprocess
 import sys
-import traceback
 from collections.abc import Iterator
 from typing import IO, TYPE_CHECKING, Any, BinaryIO
 
@@ -23,12 +19,9 @@ from . import errors as e
 from .command import Command
 from .crc import IMPLEMENTATION
 from .decoder import Framer, Restart, StreamHeader
-from .dump import TextDumper, json_line
-from .encoder import Encoder
 from .files import FlushBeforeRead, atomic_output, file_events, is_regular, open_input
-from .format import MAX_VERSION
+from .layout import MAX_VERSION
 from .native import PATH
-from .repair import Healer
 from .verify import Report, find_headers, verify_file
 
 if TYPE_CHECKING:
@@ -36,8 +29,9 @@ if TYPE_CHECKING:
     from .tls import Channel
     from .transport import Progress, Summary
 
-# The network, extraction and path modules load when their command runs:
-# they cost a third of the start-up time of every other command.
+# Modules that only some commands need (network, extraction, paths, dump,
+# repair, the writer, subprocess) load when those commands run: imported
+# up front they would double the start-up time of every command.
 TLS_MODES = ("none", "tls12-aes128-gcm", "tls12-aes256-gcm", "tls13-aes128-gcm", "tls13-aes256-gcm")
 DEFAULT_TLS_MODE = "tls13-aes128-gcm"
 
@@ -92,6 +86,8 @@ def _warn(problems: list[e.FormatError], shown: int) -> int:
 @_max_size_option
 def dump(stream: str, as_json: bool, strict: bool, max_command_size: int | None) -> None:
     """Print every command of STREAM (a file or -), like `btrfs receive --dump`."""
+    from .dump import TextDumper, json_line
+
     out = sys.stdout.buffer
     framer = Framer(strict=strict, max_command_size=max_command_size)
     text = TextDumper()
@@ -184,6 +180,8 @@ def convert(source: str, target: str, to_version: int | None, max_command_size: 
         from .downgrade import Downgrader
 
         downgrader = Downgrader(warn=lambda message: click.echo(f"sendstream: warning: {message}", err=True))
+    from .encoder import Encoder
+
     encoder = Encoder()
     framer = Framer(max_command_size=max_command_size)
     with open_input(source) as inp, atomic_output(target) as out:
@@ -364,6 +362,8 @@ def repair(source: str, target: str, keep_last: bool, quiet: bool, max_command_s
     they are dropped with the partial command before the restart. A file OUT
     appears only when the whole input was repaired.
     """
+    from .repair import Healer
+
     framer = Framer(max_command_size=max_command_size)
     with open_input(source) as inp, atomic_output(target) as out:
         if keep_last and not out.seekable():
@@ -394,6 +394,8 @@ def repair(source: str, target: str, keep_last: bool, quiet: bool, max_command_s
 
 
 def _psk(mode: str, key_file: str | None, identity: str) -> bytes | None:
+    import getpass
+
     from .tls import derive_key, load_key
 
     if mode == "none":
@@ -560,6 +562,9 @@ def receive(
 
 
 def _receive_into_child(session: SessionReceiver, command: str, progress: Progress) -> Summary:
+    import shlex
+    import subprocess
+
     from .transport import receive_resumable
 
     child = subprocess.Popen(shlex.split(command), stdin=subprocess.PIPE)
@@ -676,6 +681,8 @@ def stats(stream: str, max_command_size: int | None) -> None:
 
 def _report(exc: BaseException, show_traceback: bool, err: IO[str]) -> None:
     if show_traceback:
+        import traceback
+
         traceback.print_exc(file=err)
     print(f"sendstream: error: {exc}", file=err)
 

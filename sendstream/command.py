@@ -5,17 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .format import (
+from .layout import (
     ATTRIBUTE_NUMBERS,
     ATTRIBUTES,
     COMMAND_NUMBERS,
     COMMANDS,
-    CommandSpec,
     attribute_name,
     command_name,
     decode_value,
     encode_value,
 )
+from .specs import CommandSpec
 
 _MISSING: Any = object()
 

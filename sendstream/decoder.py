@@ -15,7 +15,7 @@ from . import errors as e
 from . import native
 from .command import Command
 from .crc import crc32c
-from .format import (
+from .layout import (
     A_DATA,
     ATTRIBUTES,
     C_END,

@@ -19,8 +19,8 @@ from typing import Any, BinaryIO
 
 from . import errors as e
 from .command import Command
-from .format import ATTRIBUTES, attribute_name, decode_value
-from .format import A as _A
+from .layout import ATTRIBUTES, attribute_name, decode_value
+from .layout import A as _A
 from .native import NATIVE, module
 from .scan import Batch
 

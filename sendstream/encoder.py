@@ -10,7 +10,7 @@ from . import errors as e
 from .command import Command
 from .crc import crc32c
 from .decoder import EndOfInput, Event, Restart, StreamHeader
-from .format import (
+from .layout import (
     A_DATA,
     C_END,
     COMMAND_HEADER,

@@ -1,21 +1,26 @@
 """The send-stream layout, declared once with construct.
 
 The kernel's ``fs/btrfs/send.h`` is the authority for every number here.
-construct is slow, so the hot paths use :class:`struct.Struct` objects
-*derived* from these declarations (:func:`struct_of`), never written again
-by hand.
+construct is slow to import and to run, so the runtime never uses it:
+``python -m sendstream.format`` writes the struct formats, value sizes and
+tables *derived* from these declarations to ``_layout.py``, which
+:mod:`sendstream.layout` loads (a test keeps the file current). Nothing
+there is written by hand.
 """
 
 from __future__ import annotations
 
+import pprint
 import struct
+import sys
 import uuid
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from pathlib import Path
+from typing import Any
 
 import construct as c
 
 from .errors import FormatError
+from .specs import AttributeSpec, CommandSpec, Timespec
 
 STREAM_MAGIC = b"btrfs-stream\0"
 MAX_VERSION = 3
@@ -24,13 +29,6 @@ StreamHeader = c.Struct("magic" / c.Const(STREAM_MAGIC), "version" / c.Int32ul)
 CommandHeader = c.Struct("len" / c.Int32ul, "cmd" / c.Int16ul, "crc" / c.Int32ul)
 TlvHeader = c.Struct("type" / c.Int16ul, "len" / c.Int16ul)
 TimespecStruct = c.Struct("sec" / c.Int64sl, "nsec" / c.Int32ul)
-
-
-class Timespec(NamedTuple):
-    """A btrfs timespec: seconds since the epoch and nanoseconds."""
-
-    sec: int
-    nsec: int
 
 
 class _UuidAdapter(c.Adapter):  # type: ignore[misc]
@@ -61,29 +59,13 @@ VALUE_KINDS: dict[str, c.Construct] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class AttributeSpec:
-    """One TLV attribute type of send.h."""
-
-    number: int
-    name: str
-    kind: str
-    version: int
-
-    @property
-    def construct(self) -> c.Construct:
-        return VALUE_KINDS[self.kind]
-
-    @property
-    def size(self) -> int | None:
-        """The fixed value size, or None for variable-length values."""
-        if self.kind in ("string", "bytes"):
-            return None
-        return int(self.construct.sizeof())
+def value_size(kind: str) -> int | None:
+    """The fixed size of a value kind, or None for variable-length values."""
+    return None if kind in ("string", "bytes") else int(VALUE_KINDS[kind].sizeof())
 
 
 def _attributes(*rows: tuple[int, str, str, int]) -> dict[int, AttributeSpec]:
-    return {n: AttributeSpec(n, name, kind, v) for n, name, kind, v in rows}
+    return {n: AttributeSpec(n, name, kind, v, value_size(kind)) for n, name, kind, v in rows}
 
 
 ATTRIBUTES: dict[int, AttributeSpec] = _attributes(
@@ -128,17 +110,6 @@ A = ATTRIBUTE_NUMBERS
 A_DATA = A["data"]
 # Highest attribute number valid in each stream version (send.h A_MAX_V*).
 MAX_ATTRIBUTE = {1: 24, 2: 31, 3: 35}
-
-
-@dataclass(frozen=True, slots=True)
-class CommandSpec:
-    """One command of send.h with the attributes btrfs-progs requires."""
-
-    number: int
-    name: str
-    version: int
-    required: tuple[int, ...]
-    optional: tuple[int, ...] = ()
 
 
 def _cmd(n: int, name: str, v: int, req: str = "", opt: str = "") -> CommandSpec:
@@ -193,16 +164,6 @@ MAX_COMMAND = {1: 22, 2: 25, 3: 26}
 SEND_BUF_SIZE = {1: 64 * 1024, 2: 16 * 1024 + 128 * 1024, 3: 16 * 1024 + 128 * 1024}
 
 
-def command_name(number: int) -> str:
-    spec = COMMANDS.get(number)
-    return spec.name if spec else f"unknown({number})"
-
-
-def attribute_name(number: int) -> str:
-    spec = ATTRIBUTES.get(number)
-    return spec.name if spec else f"unknown({number})"
-
-
 def tlv(version: int) -> c.Construct:
     """One TLV; from v2 on, DATA has no length and runs to the command's end."""
     if version < 2:
@@ -236,49 +197,45 @@ def struct_of(con: c.Construct) -> struct.Struct:
     return struct.Struct(fmt)
 
 
-STREAM_HEADER = struct_of(StreamHeader)
-COMMAND_HEADER = struct_of(CommandHeader)
-TLV_HEADER = struct_of(TlvHeader)
-TLV_TYPE = struct.Struct("<" + TlvHeader.type.fmtstr.lstrip("<"))
-STREAM_HEADER_SIZE = STREAM_HEADER.size
-COMMAND_HEADER_SIZE = COMMAND_HEADER.size
-TLV_HEADER_SIZE = TLV_HEADER.size
-# Where the crc field sits inside the command header.
-
-_VALUE_STRUCTS: dict[str, struct.Struct] = {
-    "u8": struct.Struct(c.Int8ul.fmtstr),
-    "u32": struct.Struct(c.Int32ul.fmtstr),
-    "u64": struct.Struct(c.Int64ul.fmtstr),
-    "timespec": struct_of(TimespecStruct),
-}
-
-
-def decode_value(kind: str, raw: memoryview) -> Any:
-    """Decode an attribute value of ``kind`` (checked to have the right size)."""
-    st = _VALUE_STRUCTS.get(kind)
-    if st is not None:
-        v = st.unpack(raw)
-        return Timespec(*v) if kind == "timespec" else v[0]
-    if kind == "uuid":
-        return uuid.UUID(bytes=bytes(raw))
-    if kind == "string":
-        return bytes(raw)
-    return raw
-
-
-def encode_value(kind: str, value: Any) -> bytes:
-    """Encode a typed attribute value back into its raw bytes."""
-    st = _VALUE_STRUCTS.get(kind)
-    if st is not None:
-        return st.pack(*value) if kind == "timespec" else st.pack(value)
-    if kind == "uuid":
-        return bytes(value.bytes)
-    return bytes(value)
-
-
 def parse_with(con: c.Construct, data: bytes, *, offset: int, what: str, index: int | None = None) -> Any:
     """Parse with construct, turning construct's errors into ours."""
     try:
         return con.parse(data)
     except c.ConstructError as exc:
         raise FormatError(f"cannot parse {what}: {exc}", offset=offset, index=index, expected=what) from None
+
+
+def generate() -> str:
+    """The text of ``_layout.py``: what the runtime needs, derived from the declarations above."""
+    timespec = struct_of(TimespecStruct).format
+    values = {k: struct.Struct(v.fmtstr).format for k, v in VALUE_KINDS.items() if isinstance(v, c.FormatField)}
+    fields: dict[str, Any] = {
+        "STREAM_MAGIC": STREAM_MAGIC,
+        "MAX_VERSION": MAX_VERSION,
+        "STREAM_HEADER": struct_of(StreamHeader).format,
+        "COMMAND_HEADER": struct_of(CommandHeader).format,
+        "TLV_HEADER": struct_of(TlvHeader).format,
+        "TLV_TYPE": "<" + TlvHeader.type.fmtstr.lstrip("<>="),
+        "VALUE_FORMATS": {**values, "timespec": timespec},
+        "ATTRIBUTES": [tuple(a) for a in ATTRIBUTES.values()],
+        "COMMANDS": [tuple(s) for s in COMMANDS.values()],
+        "MAX_ATTRIBUTE": MAX_ATTRIBUTE,
+        "MAX_COMMAND": MAX_COMMAND,
+        "SEND_BUF_SIZE": SEND_BUF_SIZE,
+    }
+    lines = [
+        '"""Generated by ``python -m sendstream.format`` from the declarations in format.py: do not edit."""',
+        "",
+        "from typing import Any",
+        "",
+    ]
+    for name, value in fields.items():
+        lines.append(f"{name}: Any = {pprint.pformat(value, width=110, sort_dicts=False)}")
+    return "\n".join(lines) + "\n"
+
+
+LAYOUT_FILE = Path(__file__).with_name("_layout.py")
+
+if __name__ == "__main__":
+    LAYOUT_FILE.write_text(generate())
+    print(f"wrote {LAYOUT_FILE}", file=sys.stderr)

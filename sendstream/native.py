@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .format import ATTRIBUTES, COMMANDS, MAX_ATTRIBUTE, MAX_COMMAND, MAX_VERSION
+from .layout import ATTRIBUTES, COMMANDS, MAX_ATTRIBUTE, MAX_COMMAND, MAX_VERSION
 
 # What a scan reports: a partial command at pos (needing ``need`` bytes),
 # pos just after END, a command at pos for the Python path, arrays full.
@@ -22,7 +22,7 @@ NEED, END, STOP, FULL = 0, 1, 2, 3
 module: Any = None
 if not os.environ.get("SENDSTREAM_PURE"):
     try:
-        from . import _native as module  # type: ignore[attr-defined, no-redef]
+        from . import _native as module  # type: ignore[no-redef]
     except ImportError:  # no compiler at install time
         module = None
 

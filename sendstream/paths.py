@@ -54,7 +54,7 @@ from . import errors as e
 from .command import Command
 from .decoder import Restart, StreamHeader
 from .dump import escape, json_bytes
-from .format import A_DATA, COMMAND_HEADER_SIZE, TLV_HEADER_SIZE, TLV_TYPE
+from .layout import A_DATA, COMMAND_HEADER_SIZE, TLV_HEADER_SIZE, TLV_TYPE
 
 # Commands that make a new entry, remove one, or start a new name space.
 _CREATE = frozenset({"mkfile", "mkdir", "mknod", "mkfifo", "mksock", "symlink"})

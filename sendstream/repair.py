@@ -20,7 +20,7 @@ from . import errors as e
 from .command import Command
 from .decoder import EndOfInput, Event, Restart, StreamHeader
 from .encoder import encode_command, encode_stream_header
-from .format import COMMAND_HEADER_SIZE, command_name
+from .layout import COMMAND_HEADER_SIZE, command_name
 from .native import NATIVE, native_scan
 from .scan import Batch
 

@@ -16,7 +16,7 @@ from typing import BinaryIO
 from . import errors as e
 from .decoder import Framer
 from .files import file_events, windows_for
-from .format import STREAM_HEADER_SIZE, STREAM_MAGIC
+from .layout import STREAM_HEADER_SIZE, STREAM_MAGIC
 from .native import NATIVE, native_scan
 
 

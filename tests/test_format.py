@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -10,16 +12,41 @@ import construct as c
 import pytest
 from conftest import END, FIXTURES, decode
 
-from sendstream import Command, Timespec, crc32c, encode_command, reference_crc32c
+from sendstream import Command, Timespec, crc32c, encode_command, layout, reference_crc32c
 from sendstream import format as f
 
 
 def test_structs_are_derived_from_the_declarations() -> None:
-    assert f.STREAM_HEADER.format == "<13sL" and f.STREAM_HEADER.size == f.StreamHeader.sizeof() == 17
-    assert f.COMMAND_HEADER.format == "<LHL" and f.COMMAND_HEADER.size == f.CommandHeader.sizeof() == 10
-    assert f.TLV_HEADER.format == "<HH" and f.TLV_HEADER.size == f.TlvHeader.sizeof() == 4
+    assert f.struct_of(f.StreamHeader).format == layout.STREAM_HEADER.format == "<13sL"
+    assert f.struct_of(f.CommandHeader).format == layout.COMMAND_HEADER.format == "<LHL"
+    assert f.struct_of(f.TlvHeader).format == layout.TLV_HEADER.format == "<HH"
+    assert layout.STREAM_HEADER.size == f.StreamHeader.sizeof() == 17
+    assert layout.COMMAND_HEADER.size == f.CommandHeader.sizeof() == 10
+    assert layout.TLV_HEADER.size == f.TlvHeader.sizeof() == 4
     with pytest.raises(TypeError):
         f.struct_of(c.Struct("x" / c.GreedyBytes))
+
+
+def test_the_runtime_layout_is_generated_from_the_declarations() -> None:
+    assert f.LAYOUT_FILE.read_text() == f.generate(), "run: python -m sendstream.format"
+    assert layout.ATTRIBUTES == f.ATTRIBUTES and layout.COMMANDS == f.COMMANDS
+    for name in ("MAX_ATTRIBUTE", "MAX_COMMAND", "SEND_BUF_SIZE", "STREAM_MAGIC", "MAX_VERSION"):
+        assert getattr(layout, name) == getattr(f, name), name
+    for kind, con in f.VALUE_KINDS.items():
+        size = layout.ATTRIBUTES[next(n for n, a in f.ATTRIBUTES.items() if a.kind == kind)].size
+        assert size == (None if kind in ("string", "bytes") else con.sizeof())
+
+
+def test_the_command_line_does_not_import_construct() -> None:
+    """construct is a quarter of the start-up time: the runtime reads ``_layout.py`` instead."""
+    code = (
+        "import sys; from sendstream import cli; sys.argv = ['sendstream', 'verify', '-q', sys.argv[1]]\n"
+        "try: cli.main()\nfinally: print(sorted(m for m in sys.modules if m.split('.')[0] == 'construct'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(FIXTURES / "rich-incr-v2.stream")], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
 
 
 def test_tables_follow_send_h() -> None:

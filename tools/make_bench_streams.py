@@ -34,7 +34,7 @@ from make_fixtures import summarize_path
 from sendstream import Command, Decoder, StreamHeader, encode_command
 from sendstream.crc import IMPLEMENTATION as CRC_IMPLEMENTATION
 from sendstream.errors import FormatError
-from sendstream.format import STREAM_HEADER_SIZE
+from sendstream.layout import STREAM_HEADER_SIZE
 
 GiB = 1024**3
 MiB = 1024**2
