@@ -293,6 +293,9 @@ def main(argv: list[str]) -> int:
     now = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     try:
         ensure_streams(directory)
+        # pip compiles an installed package's bytecode; do the same for the checkout, or every
+        # run would compile it again (PYTHONDONTWRITEBYTECODE is set on some machines).
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "sendstream")], check=True)
         sendstream, btrfs, cat = find_exe("sendstream"), find_exe("btrfs"), find_exe("cat")
         env = bench_env()
         pkg = package_path(sendstream, env)
