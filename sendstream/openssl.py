@@ -35,6 +35,7 @@ import cffi  # type: ignore[import-untyped]
 from .tls import (
     _ALERT_CAUSES,
     _KEY,
+    _KEY_OR_MODE,
     _MODE,
     _NOT_TLS,
     _TRUNCATED,
@@ -120,11 +121,14 @@ _ERR_SYSTEM_FLAG = 1 << 31
 _ERR_REASON_MASK = 0x7FFFFF
 _AD_REASON_OFFSET = 1000  # reason 1000 + n: the peer sent alert n
 _R_UNEXPECTED_EOF_WHILE_READING = 294
+_MAX_PSK = 512  # TLS13_MAX_RESUMPTION_PSK_LENGTH: SSL_SESSION_set1_master_key takes no more
+_ILLEGAL_PARAMETER = 47
 # What a failed handshake most likely means, by OpenSSL reason code.
 _CAUSES: Final = {
     253: _KEY,  # binder does not verify: a PSK made with another key
     281: _KEY,  # decryption failed or bad record mac
     193: _MODE,  # no shared cipher
+    110: _MODE,  # bad extension: a PSK binder of another hash (a SHA-256 PSK, as OpenSSL's -psk and GnuTLS 3.7 make)
     258: _MODE,  # unsupported protocol
     102: _MODE,  # unsupported protocol version
     267: _NOT_TLS,  # wrong version number
@@ -190,6 +194,11 @@ class _OpenSSL:
         assert psk.keys is not None
         raw = bytes(self.ffi.buffer(identity, identity_len))
         key = psk.keys.find(raw)
+        if key is not None:
+            try:
+                _check_key_size(key)
+            except TlsError as exc:
+                psk.keys.error, key = exc, None
         if key is None:
             session[0] = self.ffi.NULL
             return 0 if psk.keys.error is not None else 1
@@ -239,6 +248,11 @@ def why_unavailable(mode: str) -> str | None:
     except TlsError as exc:
         return f"{mode} needs OpenSSL, since GnuTLS 3.7 lacks SHA-384 PSK binders: {exc}"
     return None
+
+
+def _check_key_size(key: bytes) -> None:
+    if len(key) > _MAX_PSK:
+        raise TlsError(f"OpenSSL takes pre-shared keys of at most {_MAX_PSK} bytes; this one has {len(key)}")
 
 
 def _expand_label(secret: bytes, label: bytes, length: int) -> bytes:
@@ -323,6 +337,7 @@ class OpenSslChannel(TlsChannel):
     # handshake and hand-off
 
     def _client_handshake(self, key: bytes, identity: bytes, timeout: float | None) -> None:
+        _check_key_size(key)
         self._psk.key = key
         self._psk.identity, self._psk.identity_len = self._openssl.ffi.new("char[]", identity), len(identity)
         self._handshake(self._openssl.lib.SSL_connect, timeout)
@@ -357,6 +372,8 @@ class OpenSslChannel(TlsChannel):
         elif _AD_REASON_OFFSET < reason < _AD_REASON_OFFSET + 256:
             alert = reason - _AD_REASON_OFFSET
             what, cause = f"the peer sent alert {alert} ({self._alert_name(alert)})", _ALERT_CAUSES.get(alert, "")
+            if alert == _ILLEGAL_PARAMETER:  # GnuTLS's answer to a binder of another key, or of SHA-256
+                cause = _KEY_OR_MODE
         elif error == _ERROR_SYSCALL and sys_errno:
             what = f"{errno.errorcode.get(sys_errno, sys_errno)}: the peer closed the connection"
         return HandshakeError(f"TLS handshake failed: {what} ({self._hint(cause)})")
@@ -417,6 +434,9 @@ class OpenSslChannel(TlsChannel):
         return got
 
     def _user_end_tx(self) -> None:
+        """close_notify; none after a failed receive, when OpenSSL sends nothing more (the caller had that error)."""
+        if self._rx_error is not None:
+            return
         while True:
             ret, error, code, sys_errno = self._call(self._openssl.lib.SSL_shutdown)
             if ret >= 0:  # 0: our close_notify is out; 1: the peer's came too

@@ -202,6 +202,7 @@ _E_FATAL_ALERT_RECEIVED = -12
 _E_TIMEDOUT = -319
 # What a failed handshake most likely means, by GnuTLS error and by the alert the peer sent.
 _KEY, _MODE, _IDENTITY_OR_MODE, _NOT_TLS = "key", "mode", "identity or mode", "not tls"
+_KEY_OR_MODE = "key or mode"
 _CAUSES = {
     -24: _KEY,  # decryption failed (TLS 1.2 Finished under the wrong key)
     -18: _KEY,  # error in Finished
@@ -649,6 +650,8 @@ class TlsChannel(Channel):
             return f"does the peer use {self.mode} too?"
         if cause == _IDENTITY_OR_MODE:
             return f"unknown identity, or does the peer not use {self.mode}?"
+        if cause == _KEY_OR_MODE:
+            return f"wrong key or identity, or does the peer not use {self.mode}?"
         if cause == _NOT_TLS:
             return "does the peer speak TLS?"
         return f"does the peer speak TLS, in {self.mode}, with the same key and identity?"
