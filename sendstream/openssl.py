@@ -60,7 +60,6 @@ typedef int (*SSL_psk_find_session_cb_func)(SSL *ssl, const unsigned char *ident
                                             SSL_SESSION **sess);
 typedef void (*SSL_CTX_keylog_cb_func)(const SSL *ssl, const char *line);
 
-const char *OpenSSL_version(int type);
 unsigned long ERR_get_error(void);
 void ERR_clear_error(void);
 const char *ERR_reason_error_string(unsigned long e);
@@ -113,7 +112,7 @@ _SUITE_ID = b"\x13\x02"  # TLS_AES_256_GCM_SHA384 on the wire
 _SUITE_NAME = b"TLS_AES_256_GCM_SHA384"
 _CIPHER_ID = 0x03000000 | 0x1302  # SSL_CIPHER_get_id
 _CTRL_MODE, _CTRL_SET_MIN_PROTO_VERSION, _CTRL_SET_MAX_PROTO_VERSION = 33, 123, 124
-_MODE_ENABLE_PARTIAL_WRITE, _MODE_ACCEPT_MOVING_WRITE_BUFFER = 0x1, 0x2
+_MODE_ACCEPT_MOVING_WRITE_BUFFER = 0x2
 _OP_ENABLE_KTLS = 1 << 3
 _BIO_CTRL_GET_KTLS_SEND, _BIO_CTRL_GET_KTLS_RECV = 73, 76
 _ERROR_SSL, _ERROR_WANT_READ, _ERROR_WANT_WRITE, _ERROR_SYSCALL, _ERROR_ZERO_RETURN = 1, 2, 3, 5, 6
@@ -123,6 +122,8 @@ _AD_REASON_OFFSET = 1000  # reason 1000 + n: the peer sent alert n
 _R_UNEXPECTED_EOF_WHILE_READING = 294
 _MAX_PSK = 512  # TLS13_MAX_RESUMPTION_PSK_LENGTH: SSL_SESSION_set1_master_key takes no more
 _ILLEGAL_PARAMETER = 47
+_CLIENT_SECRET, _SERVER_SECRET = "CLIENT_TRAFFIC_SECRET_0", "SERVER_TRAFFIC_SECRET_0"  # keylog labels
+_TRAFFIC_SECRETS = (_CLIENT_SECRET, _SERVER_SECRET)
 # What a failed handshake most likely means, by OpenSSL reason code.
 _CAUSES: Final = {
     253: _KEY,  # binder does not verify: a PSK made with another key
@@ -146,7 +147,6 @@ class _OpenSSL:
         self.ffi = ffi = cffi.FFI()
         ffi.cdef(_CDEF)
         self.lib = ffi.dlopen("libssl.so.3")
-        self.version = ffi.string(self.lib.OpenSSL_version(0)).decode()
         # Each callback finds its handshake's _Psk through the SSL object's ex_data slot 0 (SSL_set_app_data).
         self.use_session = ffi.callback("SSL_psk_use_session_cb_func", self._use_session, error=0)
         self.find_session = ffi.callback("SSL_psk_find_session_cb_func", self._find_session, error=0)
@@ -210,8 +210,10 @@ class _OpenSSL:
         return 1
 
     def _keylog(self, ssl: Any, line: Any) -> None:
+        """Keep the application traffic secrets: ``LABEL CLIENT_RANDOM SECRET``, in hex."""
         label, _, rest = self.ffi.string(line).decode("ascii", "replace").partition(" ")
-        self._psk(ssl).secrets[label] = bytes.fromhex(rest.rpartition(" ")[2])
+        if label in _TRAFFIC_SECRETS:
+            self._psk(ssl).secrets[label] = bytes.fromhex(rest.rpartition(" ")[2])
 
 
 class _Psk:
@@ -295,7 +297,7 @@ class OpenSslChannel(TlsChannel):
             lib.SSL_CTX_set_psk_find_session_callback(ctx, openssl.find_session)
         lib.SSL_CTX_set_keylog_callback(ctx, openssl.keylog)
         lib.SSL_CTX_set_options(ctx, _OP_ENABLE_KTLS if ktls else 0)
-        lib.SSL_CTX_ctrl(ctx, _CTRL_MODE, _MODE_ENABLE_PARTIAL_WRITE | _MODE_ACCEPT_MOVING_WRITE_BUFFER, ffi.NULL)
+        lib.SSL_CTX_ctrl(ctx, _CTRL_MODE, _MODE_ACCEPT_MOVING_WRITE_BUFFER, ffi.NULL)
         if not (
             lib.SSL_CTX_ctrl(ctx, _CTRL_SET_MIN_PROTO_VERSION, _TLS1_3_VERSION, ffi.NULL)
             and lib.SSL_CTX_ctrl(ctx, _CTRL_SET_MAX_PROTO_VERSION, _TLS1_3_VERSION, ffi.NULL)
@@ -386,7 +388,7 @@ class OpenSslChannel(TlsChannel):
 
     def _crypto_info(self, *, read: bool) -> bytes:
         """From the traffic secret of that direction (the client's is the one the client sends with)."""
-        label = "SERVER_TRAFFIC_SECRET_0" if read == self._client else "CLIENT_TRAFFIC_SECRET_0"
+        label = _SERVER_SECRET if read == self._client else _CLIENT_SECRET
         secret = self._psk.secrets.get(label)
         if secret is None:
             raise OSError(errno.EINVAL, f"OpenSSL reported no {label}")
@@ -401,12 +403,12 @@ class OpenSslChannel(TlsChannel):
     def _user_send_all(self, view: memoryview) -> None:
         ffi, lib = self._openssl.ffi, self._openssl.lib
         ptr, written = ffi.from_buffer(view), ffi.new("size_t *")
-        sent = 0
-        while sent < view.nbytes:
-            ret, error, code, sys_errno = self._call(lib.SSL_write_ex, ptr + sent, view.nbytes - sent, written)
+        while view.nbytes:
+            # All of it in one call, as many records as that takes; after WANT_WRITE the same arguments again.
+            ret, error, code, sys_errno = self._call(lib.SSL_write_ex, ptr, view.nbytes, written)
             if ret > 0:
-                sent += written[0]
-            elif error in (_ERROR_WANT_WRITE, _ERROR_WANT_READ):
+                return
+            if error in (_ERROR_WANT_WRITE, _ERROR_WANT_READ):
                 self._wait_io(select.POLLOUT if error == _ERROR_WANT_WRITE else select.POLLIN)
             else:
                 raise self._record_error(error, code, sys_errno, "send")

@@ -1,30 +1,35 @@
-"""The TLS layer of the network transport: PSK sessions by GnuTLS, records by the kernel when it can.
+"""The TLS layer of the network transport: PSK sessions by GnuTLS or OpenSSL, records by the kernel when it can.
 
 A :class:`Channel` is a byte stream over a connected TCP socket, handed out
 by :func:`connect_channel` and :func:`accept_channel`. Mode ``"none"`` is
 plain TCP. The TLS modes shake hands with a pre-shared key in GnuTLS
 (``libgnutls.so.30``, through a small cffi binding in ABI mode: no compiler
-needed), then offer each direction's record layer to the kernel (kTLS):
-``TCP_ULP "tls"``, then ``TLS_TX`` and ``TLS_RX`` with the keys, IVs and
-sequence numbers read from ``gnutls_record_get_state``. A direction the
-kernel refuses (no ``tls`` module, a cipher it lacks, records already
-buffered in GnuTLS) stays in GnuTLS. Each direction uses exactly one path:
-once TX is in the kernel, GnuTLS is only asked to receive, which never
-makes it write here (no session tickets, no automatic key update, no
-renegotiation); once RX is, GnuTLS only sends, which never reads.
-``SENDSTREAM_NO_KTLS=1`` keeps both directions in GnuTLS.
+needed), except ``tls13-aes256-gcm``, which OpenSSL's ``libssl.so.3`` does
+(:mod:`sendstream.openssl`). Then each direction's record layer is offered
+to the kernel (kTLS): ``TCP_ULP "tls"``, then ``TLS_TX`` and ``TLS_RX`` with
+the keys, IVs and sequence numbers read from ``gnutls_record_get_state``
+(OpenSSL: its own kTLS, or keys derived from the traffic secrets). A
+direction the kernel refuses (no ``tls`` module, a cipher it lacks, records
+already buffered in the library) stays in the library. Each direction uses
+exactly one path: once TX is in the kernel, the library is only asked to
+receive, which never makes it write here (no session tickets, no automatic
+key update, no renegotiation); once RX is, it only sends, which never reads.
+``SENDSTREAM_NO_KTLS=1`` keeps both directions in the library.
 
 The channel owns the socket from the call on: it puts it in non-blocking
 mode and waits with ``poll``, so that the socket's timeout at the time of
 the call bounds every later wait (``None``: wait for ever), and closes it on
 :meth:`Channel.close` or when the handshake fails.
 
-Facts this relies on (GnuTLS 3.7, Linux 6.1; see ``TRANSPORT.md``):
+Facts this relies on (GnuTLS 3.7.9, OpenSSL 3.0, Linux 6.1; see ``TRANSPORT.md``):
 
-- GnuTLS 3.7 binds external PSKs to SHA-256, so TLS 1.3 with AES-256-GCM
-  (``TLS_AES_256_GCM_SHA384``) needs GnuTLS 3.8.10's
-  ``gnutls_psk_allocate_*_credentials2`` (:func:`why_unavailable` says so).
-  OpenSSL's ``-psk`` options and stunnel bind to SHA-256 too.
+- GnuTLS 3.7 binds external PSKs to SHA-256 (``credentials2``, which takes
+  another hash, came in 3.8.10), so TLS 1.3 with AES-256-GCM
+  (``TLS_AES_256_GCM_SHA384``, SHA-384 binders) is OpenSSL's: an external
+  PSK there is an ``SSL_SESSION`` of that suite. OpenSSL's ``-psk`` options
+  and stunnel (the legacy PSK callbacks) bind to SHA-256 too, so of the
+  usual peers only ``openssl s_server``/``s_client -psk_session`` speak
+  this mode. :func:`why_unavailable` says when ``libssl.so.3`` is missing.
 - A kernel RX socket returns non-data records with their type in a cmsg;
   a record of at most 16 KiB fits whole into a buffer of that size.
 - A TLS 1.3 KeyUpdate cannot be followed by kernels before ~6.14 (RX keys
