@@ -43,6 +43,7 @@ from .tls import (
     TlsChannel,
     TlsError,
     TruncationError,
+    _Binding,
     _ServerKeys,
 )
 
@@ -228,19 +229,7 @@ class _Psk:
         self.secrets: dict[str, bytes] = {}  # keylog label -> secret
 
 
-_loaded: _OpenSSL | None = None
-_load_lock = threading.Lock()
-
-
-def _openssl() -> _OpenSSL:
-    global _loaded
-    with _load_lock:
-        if _loaded is None:
-            try:
-                _loaded = _OpenSSL()
-            except OSError as exc:
-                raise TlsError(f"cannot load OpenSSL's libssl.so.3 ({exc}); install libssl3") from exc
-        return _loaded
+_openssl = _Binding(_OpenSSL, "cannot load OpenSSL's libssl.so.3 ({}); install libssl3")
 
 
 def why_unavailable(mode: str) -> str | None:

@@ -56,7 +56,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, NoReturn
+from typing import Any, Final, Generic, NoReturn, TypeVar
 
 import cffi  # type: ignore[import-untyped]
 
@@ -72,6 +72,7 @@ _MAX_KEY_FILE = 64 << 10
 _SENDFILE_CHUNK = 256 << 10
 _MAX_RECORD = 1 << 14  # TLS plaintext limit: a kernel read of this size holds any whole record
 _TRUNCATED = "the connection ended without a TLS close_notify: the data may be truncated"
+_B = TypeVar("_B")
 _PEM = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----\r?\n(.*?)-----END \1-----", re.DOTALL)
 
 
@@ -332,19 +333,26 @@ class _GnuTLS:
         return 0
 
 
-_loaded: _GnuTLS | None = None
-_load_lock = threading.Lock()
+class _Binding(Generic[_B]):
+    """A library binding made once, on first use; a library that cannot be loaded is a TlsError."""
+
+    def __init__(self, make: Callable[[], _B], failure: str) -> None:
+        self._make = make
+        self._failure = failure  # the message; "{}" is the loader's error
+        self._loaded: _B | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> _B:
+        with self._lock:
+            if self._loaded is None:
+                try:
+                    self._loaded = self._make()
+                except OSError as exc:
+                    raise TlsError(self._failure.format(exc)) from exc
+            return self._loaded
 
 
-def _gnutls() -> _GnuTLS:
-    global _loaded
-    with _load_lock:
-        if _loaded is None:
-            try:
-                _loaded = _GnuTLS()
-            except OSError as exc:
-                raise TlsError(f"TLS needs GnuTLS: cannot load libgnutls.so.30 ({exc}); install libgnutls30") from exc
-        return _loaded
+_gnutls = _Binding(_GnuTLS, "TLS needs GnuTLS: cannot load libgnutls.so.30 ({}); install libgnutls30")
 
 
 def why_unavailable(mode: str) -> str | None:

@@ -428,12 +428,10 @@ def test_crypto_info_drives_records_as_the_kernel_would(mode: str) -> None:
 # --- real peers ---------------------------------------------------------------------------------------------------
 
 
-@needs_gnutls
-@pytest.mark.parametrize("mode", TLS_MODES)
-def test_our_client_to_openssl_s_server(mode: str, tmp_path: Path) -> None:
-    skip_sha384_psk(mode)
+def our_client_to_openssl_s_server(mode: str, psk: list[str], tmp_path: Path) -> None:
+    """Both directions with ``openssl s_server``, its key given by ``psk`` (``-psk HEX`` or ``-psk_session FILE``)."""
     port = free_port()
-    args = ["-accept", str(port), "-psk", KEY.hex(), "-psk_identity", IDENTITY, "-nocert", "-num_tickets", "0"]
+    args = ["-accept", str(port), *psk, "-psk_identity", IDENTITY, "-nocert", "-num_tickets", "0"]
     out = tmp_path / "received"
     with (
         out.open("wb") as sink,
@@ -451,15 +449,13 @@ def test_our_client_to_openssl_s_server(mode: str, tmp_path: Path) -> None:
     assert sha(out.read_bytes()) == sha(UP)
 
 
-@needs_gnutls
-@pytest.mark.parametrize("mode", TLS_MODES)
-def test_openssl_s_client_to_our_server(mode: str, tmp_path: Path) -> None:
-    skip_sha384_psk(mode)
+def openssl_s_client_to_our_server(mode: str, psk: list[str], tmp_path: Path) -> None:
+    """Both directions with ``openssl s_client``, its key given by ``psk``."""
     out = tmp_path / "received"
     with socket.create_server(("127.0.0.1", 0)) as listener, out.open("wb") as sink:
         listener.settimeout(IO_TIMEOUT)
         address = f"127.0.0.1:{listener.getsockname()[1]}"
-        args = ["-connect", address, "-psk", KEY.hex(), "-psk_identity", IDENTITY, "-quiet", "-nocommands"]
+        args = ["-connect", address, *psk, "-psk_identity", IDENTITY, "-quiet", "-nocommands"]
         with peer(["openssl", "s_client", *args, *OPENSSL[mode]], tmp_path, stdin=subprocess.PIPE, stdout=sink) as proc:
             feed(proc, UP, close=False)
             sock, _ = listener.accept()
@@ -469,6 +465,20 @@ def test_openssl_s_client_to_our_server(mode: str, tmp_path: Path) -> None:
                 assert sha(exchange(channel, DOWN, len(UP))) == sha(UP)
             assert proc.wait(IO_TIMEOUT) == 0
     assert sha(out.read_bytes()) == sha(DOWN)
+
+
+@needs_gnutls
+@pytest.mark.parametrize("mode", TLS_MODES)
+def test_our_client_to_openssl_s_server(mode: str, tmp_path: Path) -> None:
+    skip_sha384_psk(mode)
+    our_client_to_openssl_s_server(mode, ["-psk", KEY.hex()], tmp_path)
+
+
+@needs_gnutls
+@pytest.mark.parametrize("mode", TLS_MODES)
+def test_openssl_s_client_to_our_server(mode: str, tmp_path: Path) -> None:
+    skip_sha384_psk(mode)
+    openssl_s_client_to_our_server(mode, ["-psk", KEY.hex()], tmp_path)
 
 
 @needs_gnutls
@@ -691,7 +701,7 @@ def test_peer_not_speaking_tls(mode: str) -> None:
 
 
 @needs_gnutls
-@pytest.mark.parametrize("mode", ["tls12-aes128-gcm", "tls13-aes128-gcm"])
+@pytest.mark.parametrize("mode", ["tls12-aes128-gcm", "tls13-aes128-gcm", "tls13-aes256-gcm"])
 def test_truncation(mode: str) -> None:
     """The peer's TCP ends after data but without close_notify: the data arrives, then TruncationError."""
     c, s = tcp_pair()
@@ -716,7 +726,7 @@ def test_truncation(mode: str) -> None:
 
 
 @needs_gnutls
-@pytest.mark.parametrize("mode", ["tls12-aes128-gcm", "tls13-aes128-gcm"])
+@pytest.mark.parametrize("mode", ["tls12-aes128-gcm", "tls13-aes128-gcm", "tls13-aes256-gcm"])
 def test_failed_send_is_not_ended_cleanly(mode: str) -> None:
     """A send that times out half-way: no close_notify follows, so the peer cannot take the data as complete."""
     c, s = tcp_pair()

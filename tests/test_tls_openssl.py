@@ -1,15 +1,14 @@
 """``tls13-aes256-gcm`` through OpenSSL: our ends, ``openssl s_server``/``s_client -psk_session``, failures.
 
 The channel tests of tests/test_tls.py (both directions, sendfile, the
-kernel's crypto_info against user-space records) run this mode too; here is
-what is particular to it. gnutls-cli/gnutls-serv 3.7.9 and stunnel (OpenSSL's
+kernel's crypto_info against user-space records, truncation, a failed send)
+run this mode too; here is what is particular to it. gnutls-cli/gnutls-serv 3.7.9 and stunnel (OpenSSL's
 legacy PSK callbacks, which TLS 1.3 binds to SHA-256) cannot make a SHA-384
 external PSK: tests/test_tls.py skips them in this mode with that reason.
 """
 
 from __future__ import annotations
 
-import socket
 import subprocess
 from pathlib import Path
 
@@ -23,10 +22,11 @@ from test_tls import (
     UP,
     connect,
     exchange,
-    feed,
     free_port,
     in_thread,
     kernel_tls,
+    openssl_s_client_to_our_server,
+    our_client_to_openssl_s_server,
     our_pair,
     peer,
     sha,
@@ -120,42 +120,13 @@ def test_ktls_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_our_client_to_openssl_s_server(tmp_path: Path) -> None:
-    port = free_port()
-    session = psk_session(tmp_path / "psk.pem", KEY)
-    args = ["-accept", str(port), "-psk_session", str(session), "-psk_identity", IDENTITY, "-nocert"]
-    out = tmp_path / "received"
-    with (
-        out.open("wb") as sink,
-        peer(
-            ["openssl", "s_server", *args, *OPENSSL[MODE], "-num_tickets", "0", "-quiet", "-naccept", "1"],
-            tmp_path,
-            stdin=subprocess.PIPE,
-            stdout=sink,
-        ) as proc,
-    ):
-        feed(proc, DOWN, close=False)
-        with tls.connect_channel(connect(port), MODE, KEY, IDENTITY) as channel:
-            assert sha(exchange(channel, UP, len(DOWN))) == sha(DOWN)
-        assert proc.wait(20) == 0
-    assert sha(out.read_bytes()) == sha(UP)
+    psk = ["-psk_session", str(psk_session(tmp_path / "psk.pem", KEY))]
+    our_client_to_openssl_s_server(MODE, psk, tmp_path)
 
 
 def test_openssl_s_client_to_our_server(tmp_path: Path) -> None:
-    session = psk_session(tmp_path / "psk.pem", KEY)
-    out = tmp_path / "received"
-    with socket.create_server(("127.0.0.1", 0)) as listener, out.open("wb") as sink:
-        listener.settimeout(20)
-        address = f"127.0.0.1:{listener.getsockname()[1]}"
-        args = ["-connect", address, "-psk_session", str(session), "-psk_identity", IDENTITY, "-quiet", "-nocommands"]
-        with peer(["openssl", "s_client", *args, *OPENSSL[MODE]], tmp_path, stdin=subprocess.PIPE, stdout=sink) as proc:
-            feed(proc, UP, close=False)
-            sock, _ = listener.accept()
-            sock.settimeout(20)
-            with tls.accept_channel(sock, MODE, {IDENTITY: KEY}.get) as channel:
-                assert channel.identity == IDENTITY
-                assert sha(exchange(channel, DOWN, len(UP))) == sha(UP)
-            assert proc.wait(20) == 0
-    assert sha(out.read_bytes()) == sha(DOWN)
+    psk = ["-psk_session", str(psk_session(tmp_path / "psk.pem", KEY))]
+    openssl_s_client_to_our_server(MODE, psk, tmp_path)
 
 
 def test_wrong_key() -> None:
@@ -255,50 +226,11 @@ def test_peer_not_speaking_tls() -> None:
     assert client.fileno() == -1  # the channel closed the socket it was given
 
 
-def test_truncation() -> None:
-    """The peer's TCP ends after data but without close_notify: the data arrives, then TruncationError."""
-    c, s = tcp_pair()
-    raw = s.dup()
-    server = in_thread(lambda: tls.accept_channel(s, MODE, KEY))
-    with tls.connect_channel(c, MODE, KEY, IDENTITY) as client, raw:
-        accepted = server()
-        assert isinstance(accepted, tls.Channel)
-        accepted.send_all(DOWN[:100000])
-        raw.shutdown(socket.SHUT_WR)  # a FIN, and no close_notify before it
-        got = bytearray()
-        buf = memoryview(bytearray(1 << 16))
-        with pytest.raises(tls.TruncationError, match="without a TLS close_notify") as error:
-            while n := client.recv_into(buf):
-                got += buf[:n]
-        accepted.close()
-        assert got == DOWN[:100000]
-        assert error.value.exit_code == 6
-        with pytest.raises(tls.TruncationError):
-            client.recv_into(buf)  # it stays failed
-
-
-def test_failed_send_is_not_ended_cleanly() -> None:
-    c, s = tcp_pair()
-    c.settimeout(0.3)
-    server = in_thread(lambda: tls.accept_channel(s, MODE, KEY))
-    client = tls.connect_channel(c, MODE, KEY, IDENTITY)
-    accepted = server()
-    assert isinstance(accepted, tls.Channel)
-    with accepted:
-        with pytest.raises(TimeoutError, match=r"timed out after 0\.3 s waiting to send"):
-            client.send_all(bytes(64 << 20))
-        client.close()
-        buf = memoryview(bytearray(1 << 20))
-        with pytest.raises(tls.TruncationError):
-            while accepted.recv_into(buf):
-                pass
-
-
 def test_libssl_missing_is_a_clear_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_library(self: object, name: str) -> None:
         raise OSError(f"{name}: cannot open shared object file: No such file or directory")
 
-    monkeypatch.setattr(openssl, "_loaded", None)
+    monkeypatch.setattr(openssl._openssl, "_loaded", None)
     monkeypatch.setattr(cffi.FFI, "dlopen", no_library)
     reason = tls.why_unavailable(MODE)
     assert reason is not None
