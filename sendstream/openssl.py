@@ -285,7 +285,8 @@ class OpenSslChannel(TlsChannel):
         else:
             lib.SSL_CTX_set_psk_find_session_callback(ctx, openssl.find_session)
         lib.SSL_CTX_set_keylog_callback(ctx, openssl.keylog)
-        lib.SSL_CTX_set_options(ctx, _OP_ENABLE_KTLS if ktls else 0)
+        if ktls:
+            lib.SSL_CTX_set_options(ctx, _OP_ENABLE_KTLS)
         lib.SSL_CTX_ctrl(ctx, _CTRL_MODE, _MODE_ACCEPT_MOVING_WRITE_BUFFER, ffi.NULL)
         if not (
             lib.SSL_CTX_ctrl(ctx, _CTRL_SET_MIN_PROTO_VERSION, _TLS1_3_VERSION, ffi.NULL)
@@ -320,7 +321,8 @@ class OpenSslChannel(TlsChannel):
             ret = fn(self._ssl, *args)
             if ret > 0:
                 return ret, 0, 0, 0
-            error, sys_errno = lib.SSL_get_error(self._ssl, ret), self._openssl.ffi.errno
+            sys_errno = self._openssl.ffi.errno
+            error = lib.SSL_get_error(self._ssl, ret)
             code = lib.ERR_get_error()
             lib.ERR_clear_error()
         return ret, error, code, sys_errno
