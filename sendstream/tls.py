@@ -1,30 +1,35 @@
-"""The TLS layer of the network transport: PSK sessions by GnuTLS, records by the kernel when it can.
+"""The TLS layer of the network transport: PSK sessions by GnuTLS or OpenSSL, records by the kernel when it can.
 
 A :class:`Channel` is a byte stream over a connected TCP socket, handed out
 by :func:`connect_channel` and :func:`accept_channel`. Mode ``"none"`` is
 plain TCP. The TLS modes shake hands with a pre-shared key in GnuTLS
 (``libgnutls.so.30``, through a small cffi binding in ABI mode: no compiler
-needed), then offer each direction's record layer to the kernel (kTLS):
-``TCP_ULP "tls"``, then ``TLS_TX`` and ``TLS_RX`` with the keys, IVs and
-sequence numbers read from ``gnutls_record_get_state``. A direction the
-kernel refuses (no ``tls`` module, a cipher it lacks, records already
-buffered in GnuTLS) stays in GnuTLS. Each direction uses exactly one path:
-once TX is in the kernel, GnuTLS is only asked to receive, which never
-makes it write here (no session tickets, no automatic key update, no
-renegotiation); once RX is, GnuTLS only sends, which never reads.
-``SENDSTREAM_NO_KTLS=1`` keeps both directions in GnuTLS.
+needed), except ``tls13-aes256-gcm``, which OpenSSL's ``libssl.so.3`` does
+(:mod:`sendstream.openssl`). Then each direction's record layer is offered
+to the kernel (kTLS): ``TCP_ULP "tls"``, then ``TLS_TX`` and ``TLS_RX`` with
+the keys, IVs and sequence numbers read from ``gnutls_record_get_state``
+(OpenSSL: its own kTLS, or keys derived from the traffic secrets). A
+direction the kernel refuses (no ``tls`` module, a cipher it lacks, records
+already buffered in the library) stays in the library. Each direction uses
+exactly one path: once TX is in the kernel, the library is only asked to
+receive, which never makes it write here (no session tickets, no automatic
+key update, no renegotiation); once RX is, it only sends, which never reads.
+``SENDSTREAM_NO_KTLS=1`` keeps both directions in the library.
 
 The channel owns the socket from the call on: it puts it in non-blocking
 mode and waits with ``poll``, so that the socket's timeout at the time of
 the call bounds every later wait (``None``: wait for ever), and closes it on
 :meth:`Channel.close` or when the handshake fails.
 
-Facts this relies on (GnuTLS 3.7, Linux 6.1; see ``TRANSPORT.md``):
+Facts this relies on (GnuTLS 3.7.9, OpenSSL 3.0, Linux 6.1; see ``TRANSPORT.md``):
 
-- GnuTLS 3.7 binds external PSKs to SHA-256, so TLS 1.3 with AES-256-GCM
-  (``TLS_AES_256_GCM_SHA384``) needs GnuTLS 3.8.10's
-  ``gnutls_psk_allocate_*_credentials2`` (:func:`why_unavailable` says so).
-  OpenSSL's ``-psk`` options and stunnel bind to SHA-256 too.
+- GnuTLS 3.7 binds external PSKs to SHA-256 (``credentials2``, which takes
+  another hash, came in 3.8.10), so TLS 1.3 with AES-256-GCM
+  (``TLS_AES_256_GCM_SHA384``, SHA-384 binders) is OpenSSL's: an external
+  PSK there is an ``SSL_SESSION`` of that suite. OpenSSL's ``-psk`` options
+  and stunnel (the legacy PSK callbacks) bind to SHA-256 too, so of the
+  usual peers only ``openssl s_server``/``s_client -psk_session`` speak
+  this mode. :func:`why_unavailable` says when ``libssl.so.3`` is missing.
 - A kernel RX socket returns non-data records with their type in a cmsg;
   a record of at most 16 KiB fits whole into a buffer of that size.
 - A TLS 1.3 KeyUpdate cannot be followed by kernels before ~6.14 (RX keys
@@ -51,7 +56,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, NoReturn
+from typing import Any, Final, Generic, NoReturn, TypeVar
 
 import cffi  # type: ignore[import-untyped]
 
@@ -67,6 +72,7 @@ _MAX_KEY_FILE = 64 << 10
 _SENDFILE_CHUNK = 256 << 10
 _MAX_RECORD = 1 << 14  # TLS plaintext limit: a kernel read of this size holds any whole record
 _TRUNCATED = "the connection ended without a TLS close_notify: the data may be truncated"
+_B = TypeVar("_B")
 _PEM = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----\r?\n(.*?)-----END \1-----", re.DOTALL)
 
 
@@ -146,7 +152,6 @@ typedef struct { unsigned char *data; unsigned int size; } gnutls_datum_t;
 typedef int gnutls_psk_server_credentials_function(gnutls_session_t, const char *, gnutls_datum_t *);
 
 extern void *(*gnutls_malloc)(size_t);
-const char *gnutls_check_version(const char *req_version);
 int gnutls_global_init(void);
 const char *gnutls_strerror(int error);
 int gnutls_error_is_fatal(int error);
@@ -160,12 +165,10 @@ void gnutls_session_set_ptr(gnutls_session_t session, void *ptr);
 void *gnutls_session_get_ptr(gnutls_session_t session);
 
 int gnutls_psk_allocate_client_credentials(gnutls_psk_client_credentials_t *sc);
-int gnutls_psk_allocate_client_credentials2(gnutls_psk_client_credentials_t *sc, int mac);
 void gnutls_psk_free_client_credentials(gnutls_psk_client_credentials_t sc);
 int gnutls_psk_set_client_credentials(gnutls_psk_client_credentials_t res, const char *username,
                                       const gnutls_datum_t *key, int flags);
 int gnutls_psk_allocate_server_credentials(gnutls_psk_server_credentials_t *sc);
-int gnutls_psk_allocate_server_credentials2(gnutls_psk_server_credentials_t *sc, int mac);
 void gnutls_psk_free_server_credentials(gnutls_psk_server_credentials_t sc);
 void gnutls_psk_set_server_credentials_function(gnutls_psk_server_credentials_t cred,
                                                 gnutls_psk_server_credentials_function *func);
@@ -195,7 +198,6 @@ _PSK_KEY_RAW = 0
 _SHUT_WR = 1
 _TLS1_2, _TLS1_3 = 4, 5
 _CIPHER_AES_128_GCM, _CIPHER_AES_256_GCM = 10, 11
-_MAC_SHA256, _MAC_SHA384 = 6, 7
 _E_AGAIN = -28
 _E_INTERRUPTED = -52
 _E_PULL_ERROR = -54
@@ -206,6 +208,7 @@ _E_FATAL_ALERT_RECEIVED = -12
 _E_TIMEDOUT = -319
 # What a failed handshake most likely means, by GnuTLS error and by the alert the peer sent.
 _KEY, _MODE, _IDENTITY_OR_MODE, _NOT_TLS = "key", "mode", "identity or mode", "not tls"
+_KEY_OR_MODE = "key or mode"
 _CAUSES = {
     -24: _KEY,  # decryption failed (TLS 1.2 Finished under the wrong key)
     -18: _KEY,  # error in Finished
@@ -243,7 +246,6 @@ class _Suite:
     priority: str
     version: int  # GnuTLS protocol number
     cipher: int  # GnuTLS cipher number
-    prf_hash: int  # TLS 1.3: also the hash of the PSK binders
     wire_version: int
     kernel_cipher: int
     key_size: int
@@ -263,7 +265,6 @@ _SUITES: Final = {
         _priority("TLS1.2", "AES-128-GCM"),
         _TLS1_2,
         _CIPHER_AES_128_GCM,
-        _MAC_SHA256,
         0x0303,
         _CIPHER_KERNEL_AES_GCM_128,
         16,
@@ -272,7 +273,6 @@ _SUITES: Final = {
         _priority("TLS1.2", "AES-256-GCM"),
         _TLS1_2,
         _CIPHER_AES_256_GCM,
-        _MAC_SHA384,
         0x0303,
         _CIPHER_KERNEL_AES_GCM_256,
         32,
@@ -281,7 +281,6 @@ _SUITES: Final = {
         _priority("TLS1.3", "AES-128-GCM"),
         _TLS1_3,
         _CIPHER_AES_128_GCM,
-        _MAC_SHA256,
         0x0304,
         _CIPHER_KERNEL_AES_GCM_128,
         16,
@@ -290,12 +289,15 @@ _SUITES: Final = {
         _priority("TLS1.3", "AES-256-GCM"),
         _TLS1_3,
         _CIPHER_AES_256_GCM,
-        _MAC_SHA384,
         0x0304,
         _CIPHER_KERNEL_AES_GCM_256,
         32,
     ),
 }
+
+
+# TLS_AES_256_GCM_SHA384 binds an external PSK to SHA-384, which GnuTLS 3.7 cannot do: OpenSSL does this mode.
+_OPENSSL_MODES: Final = frozenset({"tls13-aes256-gcm"})
 
 
 class _GnuTLS:
@@ -305,7 +307,6 @@ class _GnuTLS:
         self.ffi = cffi.FFI()
         self.ffi.cdef(_CDEF)
         self.lib = self.ffi.dlopen("libgnutls.so.30")
-        self.version = self.ffi.string(self.lib.gnutls_check_version(self.ffi.NULL)).decode()
         self.check(self.lib.gnutls_global_init(), "gnutls_global_init")
         # One callback for every server session; it finds the session's keys through the session pointer.
         self.server_key = self.ffi.callback("gnutls_psk_server_credentials_function", self._server_key)
@@ -317,31 +318,41 @@ class _GnuTLS:
     def strerror(self, ret: int) -> str:
         return str(self.ffi.string(self.lib.gnutls_strerror(ret)).decode()).rstrip(".")
 
-    def has(self, name: str) -> bool:
-        try:
-            getattr(self.lib, name)
-        except AttributeError:
-            return False
-        return True
-
-    def _server_key(self, session: Any, username: Any, key: Any) -> int:
+    def _server_key(self, session: Any, username: Any, out: Any) -> int:
+        """0 with the key in ``out``; 1 for an unknown identity (GnuTLS then fails as with a wrong key); -1."""
         keys: _ServerKeys = self.ffi.from_handle(self.lib.gnutls_session_get_ptr(session))
-        return keys.lookup(self, self.ffi.string(username), key)
+        key = keys.find(self.ffi.string(username))
+        if key is None:
+            return -1 if keys.error is not None else 1
+        data = self.lib.gnutls_malloc(len(key))
+        if data == self.ffi.NULL:
+            return -1
+        self.ffi.memmove(data, key, len(key))
+        out.data = self.ffi.cast("unsigned char *", data)
+        out.size = len(key)
+        return 0
 
 
-_loaded: _GnuTLS | None = None
-_load_lock = threading.Lock()
+class _Binding(Generic[_B]):
+    """A library binding made once, on first use; a library that cannot be loaded is a TlsError."""
+
+    def __init__(self, make: Callable[[], _B], failure: str) -> None:
+        self._make = make
+        self._failure = failure  # the message; "{}" is the loader's error
+        self._loaded: _B | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> _B:
+        with self._lock:
+            if self._loaded is None:
+                try:
+                    self._loaded = self._make()
+                except OSError as exc:
+                    raise TlsError(self._failure.format(exc)) from exc
+            return self._loaded
 
 
-def _gnutls() -> _GnuTLS:
-    global _loaded
-    with _load_lock:
-        if _loaded is None:
-            try:
-                _loaded = _GnuTLS()
-            except OSError as exc:
-                raise TlsError(f"TLS needs GnuTLS: cannot load libgnutls.so.30 ({exc}); install libgnutls30") from exc
-        return _loaded
+_gnutls = _Binding(_GnuTLS, "TLS needs GnuTLS: cannot load libgnutls.so.30 ({}); install libgnutls30")
 
 
 def why_unavailable(mode: str) -> str | None:
@@ -350,45 +361,37 @@ def why_unavailable(mode: str) -> str | None:
         return f"unknown TLS mode {mode!r}; choose one of {', '.join(MODES)}"
     if mode == "none":
         return None
+    if mode in _OPENSSL_MODES:
+        from .openssl import why_unavailable as openssl_missing
+
+        return openssl_missing(mode)
     try:
-        gnutls = _gnutls()
+        _gnutls()
     except TlsError as exc:
         return str(exc)
-    suite = _SUITES[mode]
-    if suite.tls13 and suite.prf_hash != _MAC_SHA256 and not gnutls.has("gnutls_psk_allocate_client_credentials2"):
-        return (
-            f"{mode} needs SHA-384 PSK binders, which GnuTLS {gnutls.version} lacks (3.8.10 has them); "
-            "use tls13-aes128-gcm or tls12-aes256-gcm"
-        )
     return None
 
 
 class _ServerKeys:
-    """The server's key lookup, reached from the GnuTLS callback during one handshake."""
+    """The server's key lookup during one handshake, called from the TLS library's callback."""
 
     def __init__(self, keys: Callable[[str], bytes | None] | bytes) -> None:
         self.keys = keys
         self.unknown: str | None = None
         self.error: BaseException | None = None
 
-    def lookup(self, gnutls: _GnuTLS, raw_identity: bytes, out: Any) -> int:
-        """0 with the key in ``out``; 1 for an unknown identity (GnuTLS then fails as with a wrong key); -1."""
+    def find(self, raw_identity: bytes) -> bytes | None:
+        """The key for ``raw_identity``; None for an unknown identity (kept in ``unknown``) or a failed lookup."""
         try:
             identity = raw_identity.decode("utf-8", "backslashreplace")
             key = self.keys(identity) if callable(self.keys) else self.keys
-        except BaseException as exc:  # raised again after the handshake, not inside GnuTLS
+        except BaseException as exc:  # raised again after the handshake, not inside the TLS library
             self.error = exc
-            return -1
+            return None
         if not key:
             self.unknown = identity
-            return 1
-        data = gnutls.lib.gnutls_malloc(len(key))
-        if data == gnutls.ffi.NULL:
-            return -1
-        gnutls.ffi.memmove(data, key, len(key))
-        out.data = gnutls.ffi.cast("unsigned char *", data)
-        out.size = len(key)
-        return 0
+            return None
+        return key
 
 
 # --- channels ------------------------------------------------------------------------------------------------------
@@ -580,47 +583,23 @@ class PlainChannel(Channel):
         pass
 
 
-def _free_session(gnutls: _GnuTLS, session: Any, credentials: Any, client: bool) -> None:
-    gnutls.lib.gnutls_deinit(session)
-    if client:
-        gnutls.lib.gnutls_psk_free_client_credentials(credentials)
-    else:
-        gnutls.lib.gnutls_psk_free_server_credentials(credentials)
-
-
 class TlsChannel(Channel):
-    """A PSK TLS session; each direction in the kernel (kTLS) or in GnuTLS."""
+    """A PSK TLS session; each direction in the kernel (kTLS) or in the TLS library (user space).
 
-    def __init__(self, sock: socket.socket, mode: str, *, client: bool) -> None:
+    A subclass binds one library: the handshake, records in user space, and
+    the key material of each direction for the kernel. The kernel's side
+    (receiving records with their type, close_notify, sendfile) is here.
+    """
+
+    _library: str  # the library's name, for messages
+    _free: Callable[[], object]  # frees the library's session: a weakref.finalize
+
+    def __init__(self, sock: socket.socket, mode: str, *, client: bool, ktls: bool) -> None:
         super().__init__(sock)
         self.mode = mode
         self._suite = _SUITES[mode]
-        self._gnutls = gnutls = _gnutls()
-        ffi, lib = gnutls.ffi, gnutls.lib
-        flags = (_CLIENT if client else _SERVER) | _NO_TICKETS | _NO_AUTO_REKEY | _NO_SIGNAL
-        session_p = ffi.new("gnutls_session_t *")
-        gnutls.check(lib.gnutls_init(session_p, flags), "gnutls_init")
-        self._session = session_p[0]
-        if client:
-            cred_p = ffi.new("gnutls_psk_client_credentials_t *")
-            allocate = lib.gnutls_psk_allocate_client_credentials
-            allocate2 = "gnutls_psk_allocate_client_credentials2"
-        else:
-            cred_p = ffi.new("gnutls_psk_server_credentials_t *")
-            allocate = lib.gnutls_psk_allocate_server_credentials
-            allocate2 = "gnutls_psk_allocate_server_credentials2"
-        if self._suite.tls13 and self._suite.prf_hash != _MAC_SHA256:  # see why_unavailable()
-            ret = getattr(lib, allocate2)(cred_p, self._suite.prf_hash)
-        else:
-            ret = allocate(cred_p)
-        if ret < 0:
-            lib.gnutls_deinit(self._session)
-            gnutls.check(ret, "allocating PSK credentials")
-        self._credentials = cred_p[0]
-        self._free = weakref.finalize(self, _free_session, gnutls, self._session, self._credentials, client)
-        gnutls.check(lib.gnutls_priority_set_direct(self._session, self._suite.priority.encode(), ffi.NULL), mode)
-        gnutls.check(lib.gnutls_credentials_set(self._session, _CRD_PSK, self._credentials), "gnutls_credentials_set")
-        lib.gnutls_transport_set_int2(self._session, self._fd, self._fd)
+        self._client = client
+        self._ktls = ktls
         self._tx_kernel = False
         self._rx_kernel = False
         self._ktls_note = ""
@@ -628,39 +607,54 @@ class TlsChannel(Channel):
         self._rx_scratch: memoryview | None = None  # kernel RX: a whole record when the caller's buffer is small
         self._rx_pending = memoryview(b"")
 
+    # what a library provides
+
+    @abc.abstractmethod
+    def _client_handshake(self, key: bytes, identity: bytes, timeout: float | None) -> None:
+        """Shake hands as the client with ``key`` named ``identity``; HandshakeError on failure."""
+
+    @abc.abstractmethod
+    def _server_handshake(self, keys: _ServerKeys, timeout: float | None) -> str:
+        """Shake hands as the server, keys from ``keys``; the client's identity."""
+
+    @abc.abstractmethod
+    def _library_ktls(self) -> tuple[bool, bool]:
+        """Whether the library itself put TX, and RX, in the kernel during the handshake."""
+
+    @abc.abstractmethod
+    def _crypto_info(self, *, read: bool) -> bytes:
+        """``struct tls12_crypto_info_aes_gcm_{128,256}`` for one direction (see :meth:`_pack_crypto_info`)."""
+
+    @abc.abstractmethod
+    def _user_pending(self) -> bool:
+        """Whether received records wait in the library (then RX cannot move to the kernel)."""
+
+    @abc.abstractmethod
+    def _user_send_all(self, view: memoryview) -> None:
+        """Send all of ``view`` through the library."""
+
+    @abc.abstractmethod
+    def _user_recv_into(self, view: memoryview) -> int:
+        """As many records as are there through the library, without waiting once something came."""
+
+    @abc.abstractmethod
+    def _user_end_tx(self) -> None:
+        """close_notify through the library."""
+
+    @abc.abstractmethod
+    def _alert_name(self, alert: int) -> str:
+        """The name of TLS alert ``alert``."""
+
     # handshake and hand-off
 
-    def _handshake(self, timeout: float | None) -> None:
-        lib = self._gnutls.lib
-        lib.gnutls_handshake_set_timeout(self._session, 0 if timeout is None else math.ceil(timeout * 1000))
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            ret = lib.gnutls_handshake(self._session)
-            if ret == 0:
-                break
-            if ret == _E_AGAIN:
-                events = select.POLLOUT if lib.gnutls_record_get_direction(self._session) else select.POLLIN
-                left = None if deadline is None else deadline - time.monotonic()
-                if (left is not None and left <= 0) or not self._wait(events, left):
-                    raise self._handshake_error(_E_TIMEDOUT, timeout)
-            elif lib.gnutls_error_is_fatal(ret):
-                lib.gnutls_alert_send_appropriate(self._session, ret)  # best effort: tell the peer why
-                raise self._handshake_error(ret, timeout)
-        version, cipher = lib.gnutls_protocol_get_version(self._session), lib.gnutls_cipher_get(self._session)
-        if (version, cipher) != (self._suite.version, self._suite.cipher):
-            raise HandshakeError(f"TLS handshake negotiated protocol {version}, cipher {cipher}, not {self.mode}")
+    def _wait_handshake(self, events: int, deadline: float | None, timeout: float | None) -> None:
+        """Wait for the socket during the handshake, until ``deadline`` (``time.monotonic``)."""
+        left = None if deadline is None else deadline - time.monotonic()
+        if (left is not None and left <= 0) or not self._wait(events, left):
+            raise self._timed_out(timeout)
 
-    def _handshake_error(self, ret: int, timeout: float | None) -> HandshakeError:
-        gnutls = self._gnutls
-        if ret == _E_TIMEDOUT:
-            return HandshakeError(f"TLS handshake timed out after {timeout:g} s ({self._hint(_NOT_TLS)})")
-        what, cause = gnutls.strerror(ret), _CAUSES.get(ret, "")
-        if ret == _E_FATAL_ALERT_RECEIVED:
-            alert = gnutls.lib.gnutls_alert_get(self._session)
-            what, cause = f"the peer sent alert {alert} ({self._alert_name(alert)})", _ALERT_CAUSES.get(alert, "")
-        elif ret in (_E_PREMATURE_TERMINATION, _E_PULL_ERROR):
-            what = "the peer closed the connection"
-        return HandshakeError(f"TLS handshake failed: {what} ({self._hint(cause)})")
+    def _timed_out(self, timeout: float | None) -> HandshakeError:
+        return HandshakeError(f"TLS handshake timed out after {timeout:g} s ({self._hint(_NOT_TLS)})")
 
     def _hint(self, cause: str) -> str:
         if cause == _KEY:
@@ -669,28 +663,35 @@ class TlsChannel(Channel):
             return f"does the peer use {self.mode} too?"
         if cause == _IDENTITY_OR_MODE:
             return f"unknown identity, or does the peer not use {self.mode}?"
+        if cause == _KEY_OR_MODE:
+            return f"wrong key or identity, or does the peer not use {self.mode}?"
         if cause == _NOT_TLS:
             return "does the peer speak TLS?"
         return f"does the peer speak TLS, in {self.mode}, with the same key and identity?"
 
-    def _offload(self, enabled: bool) -> None:
-        """Hand each direction to the kernel where it takes it; the rest stays in GnuTLS."""
-        if not enabled:
+    def _offload(self) -> None:
+        """Hand each direction to the kernel where it takes it; the rest stays in the library."""
+        if not self._ktls:
             self._ktls_note = "kTLS off"
             return
-        try:
-            self._sock.setsockopt(socket.IPPROTO_TCP, TCP_ULP, b"tls")
-        except OSError as exc:
-            self._ktls_note = f"no kTLS: TCP_ULP tls: {exc.strerror}"
-            return
+        self._tx_kernel, self._rx_kernel = self._library_ktls()
+        if not (self._tx_kernel or self._rx_kernel):
+            try:
+                self._sock.setsockopt(socket.IPPROTO_TCP, TCP_ULP, b"tls")
+            except OSError as exc:
+                self._ktls_note = f"no kTLS: TCP_ULP tls: {exc.strerror}"
+                return
         notes = []
-        try:
-            self._sock.setsockopt(SOL_TLS, TLS_TX, self._crypto_info(read=False))
-            self._tx_kernel = True
-        except OSError as exc:
-            notes.append(f"kTLS TX: {exc.strerror}")
-        if self._gnutls.lib.gnutls_record_check_pending(self._session):
-            notes.append("kTLS RX: records already buffered in GnuTLS")
+        if not self._tx_kernel:
+            try:
+                self._sock.setsockopt(SOL_TLS, TLS_TX, self._crypto_info(read=False))
+                self._tx_kernel = True
+            except OSError as exc:
+                notes.append(f"kTLS TX: {exc.strerror}")
+        if self._rx_kernel:
+            pass
+        elif self._user_pending():
+            notes.append(f"kTLS RX: records already buffered in {self._library}")
         else:
             try:
                 self._sock.setsockopt(SOL_TLS, TLS_RX, self._crypto_info(read=True))
@@ -699,23 +700,20 @@ class TlsChannel(Channel):
                 notes.append(f"kTLS RX: {exc.strerror}")
         self._ktls_note = "; ".join(notes)
 
-    def _crypto_info(self, *, read: bool) -> bytes:
-        """``struct tls12_crypto_info_aes_gcm_{128,256}`` for one direction, from GnuTLS's record state."""
-        ffi, lib, suite = self._gnutls.ffi, self._gnutls.lib, self._suite
-        mac, iv, key = ffi.new("gnutls_datum_t *"), ffi.new("gnutls_datum_t *"), ffi.new("gnutls_datum_t *")
-        seq = ffi.new("unsigned char[8]")
-        self._gnutls.check(lib.gnutls_record_get_state(self._session, int(read), mac, iv, key, seq), "record state")
-        iv_bytes, key_bytes = ffi.buffer(iv.data, iv.size)[:], ffi.buffer(key.data, key.size)[:]
-        seq_bytes = ffi.buffer(seq)[:]
-        if suite.tls13:  # 12-byte IV: the first 4 are the salt, the other 8 the kernel's "iv"
-            salt, explicit = iv_bytes[:4], iv_bytes[4:]
-        else:  # 4-byte implicit IV; the explicit nonce is the sequence number
-            salt, explicit = iv_bytes, seq_bytes
-        if len(salt) != 4 or len(explicit) != 8 or len(key_bytes) != suite.key_size:
-            raise OSError(errno.EINVAL, f"unexpected GnuTLS record state (IV {iv.size}, key {key.size} bytes)")
+    def _pack_crypto_info(self, key: bytes, salt: bytes, explicit: bytes, seq: bytes) -> bytes:
+        """The kernel's crypto_info: the 4-byte salt and 8-byte explicit IV, the key, the next sequence number."""
+        suite = self._suite
+        if len(salt) != 4 or len(explicit) != 8 or len(key) != suite.key_size:
+            sizes = f"IV {len(salt + explicit)}, key {len(key)} bytes"
+            raise OSError(errno.EINVAL, f"unexpected {self._library} key material ({sizes})")
         return struct.pack(
-            f"=HH8s{suite.key_size}s4s8s", suite.wire_version, suite.kernel_cipher, explicit, key_bytes, salt, seq_bytes
+            f"=HH8s{suite.key_size}s4s8s", suite.wire_version, suite.kernel_cipher, explicit, key, salt, seq
         )
+
+    def _abort(self) -> None:
+        """Give up after a failed set-up: free the session, close the socket."""
+        self._free()
+        self._sock.close()
 
     # the channel
 
@@ -735,22 +733,7 @@ class TlsChannel(Channel):
         if self._tx_kernel:
             self._socket_send_all(view)
         else:
-            self._gnutls_send_all(view)
-
-    def _gnutls_send_all(self, view: memoryview) -> None:
-        ffi, lib = self._gnutls.ffi, self._gnutls.lib
-        size = view.nbytes
-        ptr = ffi.from_buffer(view)
-        sent = 0
-        while sent < size:
-            # One record (up to 16 KiB) per call; after E_AGAIN the same arguments again, as GnuTLS asks.
-            ret = lib.gnutls_record_send(self._session, ptr + sent, size - sent)
-            if ret > 0:
-                sent += ret
-            elif ret == _E_AGAIN:
-                self._wait_io(select.POLLOUT)
-            elif ret != _E_INTERRUPTED:
-                raise self._record_error(ret, "send")
+            self._user_send_all(view)
 
     def recv_into(self, buf: bytearray | memoryview) -> int:
         if self._rx_error is not None:
@@ -761,31 +744,7 @@ class TlsChannel(Channel):
             view = view.cast("B")
             if not view:
                 raise UsageError("recv_into() needs a non-empty buffer")
-            return self._kernel_recv_into(view) if self._rx_kernel else self._gnutls_recv_into(view)
-
-    def _gnutls_recv_into(self, view: memoryview) -> int:
-        """As many records as are there, without waiting once something came."""
-        ffi, lib = self._gnutls.ffi, self._gnutls.lib
-        size = view.nbytes
-        ptr = ffi.from_buffer(view, require_writable=True)
-        got = 0
-        while got < size:
-            ret = lib.gnutls_record_recv(self._session, ptr + got, size - got)
-            if ret > 0:
-                got += ret
-            elif ret == 0:
-                self._rx_done = True
-                break
-            elif ret == _E_AGAIN:
-                if got:
-                    break
-                self._wait_io(select.POLLIN)
-            elif ret != _E_INTERRUPTED and lib.gnutls_error_is_fatal(ret):
-                self._rx_error = self._record_error(ret, "receive")
-                if got:  # the error comes with the next call, after the data that came before it
-                    break
-                raise self._rx_error
-        return got
+            return self._kernel_recv_into(view) if self._rx_kernel else self._user_recv_into(view)
 
     def _kernel_recv_into(self, view: memoryview) -> int:
         """recvmsg on a kTLS RX socket: data records, or one whole non-data record with its type in a cmsg."""
@@ -855,9 +814,6 @@ class TlsChannel(Channel):
         self._rx_error = error
         raise error
 
-    def _alert_name(self, alert: int) -> str:
-        return str(self._gnutls.ffi.string(self._gnutls.lib.gnutls_alert_get_name(alert)).decode())
-
     def _at_eof(self) -> bool:
         try:
             return self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
@@ -873,6 +829,193 @@ class TlsChannel(Channel):
             return TlsError("a TLS record failed authentication in the kernel (corrupted or forged data)")
         return TlsError(f"TLS receive failed in the kernel: {exc.strerror}")
 
+    def _sendfile(self, fd: int, offset: int, count: int) -> int:
+        if self._tx_kernel:
+            return self._socket_sendfile(fd, offset, count)
+        buf = memoryview(bytearray(min(count, _SENDFILE_CHUNK)))
+        sent = 0
+        while sent < count:
+            n = os.preadv(fd, [buf[: min(len(buf), count - sent)]], offset + sent)
+            if n == 0:
+                break
+            self._user_send_all(buf[:n])
+            sent += n
+        return sent
+
+    def _end_tx(self) -> None:
+        if not self._tx_kernel:
+            self._user_end_tx()
+            return
+        # Only on a socket whose TX is confirmed in the kernel: plain TCP would send the alert in clear.
+        while True:
+            try:
+                self._sock.sendmsg([_CLOSE_NOTIFY], [(SOL_TLS, TLS_SET_RECORD_TYPE, bytes([_ALERT]))])
+                return
+            except BlockingIOError:
+                self._wait_io(select.POLLOUT)
+
+
+def _free_session(gnutls: _GnuTLS, session: Any, credentials: Any, client: bool) -> None:
+    gnutls.lib.gnutls_deinit(session)
+    if client:
+        gnutls.lib.gnutls_psk_free_client_credentials(credentials)
+    else:
+        gnutls.lib.gnutls_psk_free_server_credentials(credentials)
+
+
+class GnuTlsChannel(TlsChannel):
+    """:class:`TlsChannel` through GnuTLS: every mode but ``tls13-aes256-gcm`` (see :func:`why_unavailable`)."""
+
+    _library = "GnuTLS"
+
+    def __init__(self, sock: socket.socket, mode: str, *, client: bool, ktls: bool) -> None:
+        super().__init__(sock, mode, client=client, ktls=ktls)
+        self._gnutls = gnutls = _gnutls()
+        ffi, lib = gnutls.ffi, gnutls.lib
+        flags = (_CLIENT if client else _SERVER) | _NO_TICKETS | _NO_AUTO_REKEY | _NO_SIGNAL
+        session_p = ffi.new("gnutls_session_t *")
+        gnutls.check(lib.gnutls_init(session_p, flags), "gnutls_init")
+        self._session = session_p[0]
+        if client:
+            cred_p = ffi.new("gnutls_psk_client_credentials_t *")
+            ret = lib.gnutls_psk_allocate_client_credentials(cred_p)
+        else:
+            cred_p = ffi.new("gnutls_psk_server_credentials_t *")
+            ret = lib.gnutls_psk_allocate_server_credentials(cred_p)
+        if ret < 0:
+            lib.gnutls_deinit(self._session)
+            gnutls.check(ret, "allocating PSK credentials")
+        self._credentials = cred_p[0]
+        self._free = weakref.finalize(self, _free_session, gnutls, self._session, self._credentials, client)
+        gnutls.check(lib.gnutls_priority_set_direct(self._session, self._suite.priority.encode(), ffi.NULL), mode)
+        gnutls.check(lib.gnutls_credentials_set(self._session, _CRD_PSK, self._credentials), "gnutls_credentials_set")
+        lib.gnutls_transport_set_int2(self._session, self._fd, self._fd)
+
+    # handshake and hand-off
+
+    def _client_handshake(self, key: bytes, identity: bytes, timeout: float | None) -> None:
+        ffi, lib = self._gnutls.ffi, self._gnutls.lib
+        datum = ffi.new("gnutls_datum_t *")
+        key_buf = ffi.from_buffer(key)
+        datum.data, datum.size = ffi.cast("unsigned char *", key_buf), len(key)
+        ret = lib.gnutls_psk_set_client_credentials(self._credentials, identity, datum, _PSK_KEY_RAW)
+        self._gnutls.check(ret, "setting the PSK")
+        self._handshake(timeout)
+
+    def _server_handshake(self, keys: _ServerKeys, timeout: float | None) -> str:
+        ffi, lib = self._gnutls.ffi, self._gnutls.lib
+        handle = ffi.new_handle(keys)
+        lib.gnutls_psk_set_server_credentials_function(self._credentials, self._gnutls.server_key)
+        lib.gnutls_session_set_ptr(self._session, handle)
+        try:
+            self._handshake(timeout)
+        finally:
+            lib.gnutls_session_set_ptr(self._session, ffi.NULL)
+        return str(ffi.string(lib.gnutls_psk_server_get_username(self._session)).decode("utf-8", "backslashreplace"))
+
+    def _handshake(self, timeout: float | None) -> None:
+        lib = self._gnutls.lib
+        lib.gnutls_handshake_set_timeout(self._session, 0 if timeout is None else math.ceil(timeout * 1000))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            ret = lib.gnutls_handshake(self._session)
+            if ret == 0:
+                break
+            if ret == _E_AGAIN:
+                events = select.POLLOUT if lib.gnutls_record_get_direction(self._session) else select.POLLIN
+                self._wait_handshake(events, deadline, timeout)
+            elif lib.gnutls_error_is_fatal(ret):
+                lib.gnutls_alert_send_appropriate(self._session, ret)  # best effort: tell the peer why
+                raise self._handshake_error(ret, timeout)
+        version, cipher = lib.gnutls_protocol_get_version(self._session), lib.gnutls_cipher_get(self._session)
+        if (version, cipher) != (self._suite.version, self._suite.cipher):
+            raise HandshakeError(f"TLS handshake negotiated protocol {version}, cipher {cipher}, not {self.mode}")
+
+    def _handshake_error(self, ret: int, timeout: float | None) -> HandshakeError:
+        gnutls = self._gnutls
+        if ret == _E_TIMEDOUT:
+            return self._timed_out(timeout)
+        what, cause = gnutls.strerror(ret), _CAUSES.get(ret, "")
+        if ret == _E_FATAL_ALERT_RECEIVED:
+            alert = gnutls.lib.gnutls_alert_get(self._session)
+            what, cause = f"the peer sent alert {alert} ({self._alert_name(alert)})", _ALERT_CAUSES.get(alert, "")
+        elif ret in (_E_PREMATURE_TERMINATION, _E_PULL_ERROR):
+            what = "the peer closed the connection"
+        return HandshakeError(f"TLS handshake failed: {what} ({self._hint(cause)})")
+
+    def _library_ktls(self) -> tuple[bool, bool]:
+        return False, False  # Debian's GnuTLS is built without its own kTLS
+
+    def _crypto_info(self, *, read: bool) -> bytes:
+        """From GnuTLS's record state of that direction."""
+        ffi, lib = self._gnutls.ffi, self._gnutls.lib
+        mac, iv, key = ffi.new("gnutls_datum_t *"), ffi.new("gnutls_datum_t *"), ffi.new("gnutls_datum_t *")
+        seq = ffi.new("unsigned char[8]")
+        self._gnutls.check(lib.gnutls_record_get_state(self._session, int(read), mac, iv, key, seq), "record state")
+        iv_bytes, key_bytes = ffi.buffer(iv.data, iv.size)[:], ffi.buffer(key.data, key.size)[:]
+        seq_bytes = ffi.buffer(seq)[:]
+        if self._suite.tls13:  # 12-byte IV: the first 4 are the salt, the other 8 the kernel's "iv"
+            return self._pack_crypto_info(key_bytes, iv_bytes[:4], iv_bytes[4:], seq_bytes)
+        # 4-byte implicit IV; the explicit nonce is the sequence number
+        return self._pack_crypto_info(key_bytes, iv_bytes, seq_bytes, seq_bytes)
+
+    def _user_pending(self) -> bool:
+        return bool(self._gnutls.lib.gnutls_record_check_pending(self._session))
+
+    # records in GnuTLS
+
+    def _user_send_all(self, view: memoryview) -> None:
+        ffi, lib = self._gnutls.ffi, self._gnutls.lib
+        size = view.nbytes
+        ptr = ffi.from_buffer(view)
+        sent = 0
+        while sent < size:
+            # One record (up to 16 KiB) per call; after E_AGAIN the same arguments again, as GnuTLS asks.
+            ret = lib.gnutls_record_send(self._session, ptr + sent, size - sent)
+            if ret > 0:
+                sent += ret
+            elif ret == _E_AGAIN:
+                self._wait_io(select.POLLOUT)
+            elif ret != _E_INTERRUPTED:
+                raise self._record_error(ret, "send")
+
+    def _user_recv_into(self, view: memoryview) -> int:
+        ffi, lib = self._gnutls.ffi, self._gnutls.lib
+        size = view.nbytes
+        ptr = ffi.from_buffer(view, require_writable=True)
+        got = 0
+        while got < size:
+            ret = lib.gnutls_record_recv(self._session, ptr + got, size - got)
+            if ret > 0:
+                got += ret
+            elif ret == 0:
+                self._rx_done = True
+                break
+            elif ret == _E_AGAIN:
+                if got:
+                    break
+                self._wait_io(select.POLLIN)
+            elif ret != _E_INTERRUPTED and lib.gnutls_error_is_fatal(ret):
+                self._rx_error = self._record_error(ret, "receive")
+                if got:  # the error comes with the next call, after the data that came before it
+                    break
+                raise self._rx_error
+        return got
+
+    def _user_end_tx(self) -> None:
+        lib = self._gnutls.lib
+        while True:
+            ret = lib.gnutls_bye(self._session, _SHUT_WR)
+            if ret == 0:
+                return
+            if ret == _E_AGAIN:
+                self._wait_io(select.POLLOUT)
+            elif ret != _E_INTERRUPTED:
+                raise self._record_error(ret, "close_notify")
+
+    def _alert_name(self, alert: int) -> str:
+        return str(self._gnutls.ffi.string(self._gnutls.lib.gnutls_alert_get_name(alert)).decode())
+
     def _record_error(self, ret: int, what: str) -> Exception:
         """The exception for a fatal GnuTLS record error: socket errors stay OSErrors."""
         err = self._gnutls.ffi.errno
@@ -887,43 +1030,6 @@ class TlsChannel(Channel):
             return TlsError(f"TLS {what} failed: the peer sent alert {alert} ({self._alert_name(alert)})")
         return TlsError(f"TLS {what} failed: {self._gnutls.strerror(ret)}")
 
-    def _sendfile(self, fd: int, offset: int, count: int) -> int:
-        if self._tx_kernel:
-            return self._socket_sendfile(fd, offset, count)
-        buf = memoryview(bytearray(min(count, _SENDFILE_CHUNK)))
-        sent = 0
-        while sent < count:
-            n = os.preadv(fd, [buf[: min(len(buf), count - sent)]], offset + sent)
-            if n == 0:
-                break
-            self._gnutls_send_all(buf[:n])
-            sent += n
-        return sent
-
-    def _end_tx(self) -> None:
-        if self._tx_kernel:
-            # Only on a socket whose TX is confirmed in the kernel: plain TCP would send the alert in clear.
-            while True:
-                try:
-                    self._sock.sendmsg([_CLOSE_NOTIFY], [(SOL_TLS, TLS_SET_RECORD_TYPE, bytes([_ALERT]))])
-                    return
-                except BlockingIOError:
-                    self._wait_io(select.POLLOUT)
-        lib = self._gnutls.lib
-        while True:
-            ret = lib.gnutls_bye(self._session, _SHUT_WR)
-            if ret == 0:
-                return
-            if ret == _E_AGAIN:
-                self._wait_io(select.POLLOUT)
-            elif ret != _E_INTERRUPTED:
-                raise self._record_error(ret, "close_notify")
-
-    def _abort(self) -> None:
-        """Give up after a failed set-up: free the session, close the socket."""
-        self._free()
-        self._sock.close()
-
 
 def _check_mode(mode: str) -> None:
     reason = why_unavailable(mode)
@@ -937,9 +1043,14 @@ def _ktls_wanted(ktls: bool | None) -> bool:
     return os.environ.get("SENDSTREAM_NO_KTLS", "") in ("", "0") if ktls is None else ktls
 
 
-def _new_channel(sock: socket.socket, mode: str, *, client: bool) -> TlsChannel:
+def _new_channel(sock: socket.socket, mode: str, *, client: bool, ktls: bool | None) -> TlsChannel:
+    """The channel of the library that does ``mode``; it owns ``sock`` from here on."""
     try:
-        return TlsChannel(sock, mode, client=client)
+        if mode in _OPENSSL_MODES:
+            from .openssl import OpenSslChannel
+
+            return OpenSslChannel(sock, mode, client=client, ktls=_ktls_wanted(ktls))
+        return GnuTlsChannel(sock, mode, client=client, ktls=_ktls_wanted(ktls))
     except BaseException:
         sock.close()
         raise
@@ -967,17 +1078,11 @@ def connect_channel(
     raw_identity = identity.encode("utf-8")
     if not 0 < len(raw_identity) <= MAX_IDENTITY or b"\0" in raw_identity:
         raise UsageError(f"the PSK identity must be 1 to {MAX_IDENTITY} bytes of UTF-8 without NUL: {identity!r}")
-    channel = _new_channel(sock, mode, client=True)
+    channel = _new_channel(sock, mode, client=True, ktls=ktls)
     try:
-        ffi, lib = channel._gnutls.ffi, channel._gnutls.lib
-        datum = ffi.new("gnutls_datum_t *")
-        key_buf = ffi.from_buffer(key)
-        datum.data, datum.size = ffi.cast("unsigned char *", key_buf), len(key)
-        ret = lib.gnutls_psk_set_client_credentials(channel._credentials, raw_identity, datum, _PSK_KEY_RAW)
-        channel._gnutls.check(ret, "setting the PSK")
+        channel._client_handshake(key, raw_identity, handshake_timeout)
         channel.identity = identity
-        channel._handshake(handshake_timeout)
-        channel._offload(_ktls_wanted(ktls))
+        channel._offload()
     except BaseException:
         channel._abort()
         raise
@@ -1002,25 +1107,17 @@ def accept_channel(
     if keys is None:
         raise UsageError(f"TLS mode {mode} needs a key")
     server_keys = _ServerKeys(keys)
-    channel = _new_channel(sock, mode, client=False)
+    channel = _new_channel(sock, mode, client=False, ktls=ktls)
     try:
-        ffi, lib = channel._gnutls.ffi, channel._gnutls.lib
-        handle = ffi.new_handle(server_keys)
-        lib.gnutls_psk_set_server_credentials_function(channel._credentials, channel._gnutls.server_key)
-        lib.gnutls_session_set_ptr(channel._session, handle)
         try:
-            channel._handshake(handshake_timeout)
+            channel.identity = channel._server_handshake(server_keys, handshake_timeout)
         except HandshakeError as exc:
             if server_keys.error is not None:
                 raise server_keys.error from exc
             if server_keys.unknown is not None:
                 raise HandshakeError(f"TLS handshake failed: unknown PSK identity {server_keys.unknown!r}") from exc
             raise
-        finally:
-            lib.gnutls_session_set_ptr(channel._session, ffi.NULL)
-        username = ffi.string(lib.gnutls_psk_server_get_username(channel._session))
-        channel.identity = username.decode("utf-8", "backslashreplace")
-        channel._offload(_ktls_wanted(ktls))
+        channel._offload()
     except BaseException:
         channel._abort()
         raise

@@ -25,5 +25,5 @@ def test_every_tls_mode_in_the_kernel() -> None:
         pytest.skip(f"no kTLS VM here (missing: {', '.join(missing)}); `python3 tools/ktls_vm.py ensure` installs it")
     code, output = ktls_vm.run_in_vm(f"{sys.executable} tools/ktls_transport.py", ROOT, timeout=900)
     assert code == 0 and "KTLS_TRANSPORT_OK" in output, output
-    for mode in ("tls12-aes128-gcm", "tls12-aes256-gcm", "tls13-aes128-gcm"):
+    for mode in ("tls12-aes128-gcm", "tls12-aes256-gcm", "tls13-aes128-gcm", "tls13-aes256-gcm"):
         assert f"{mode}: ok, TX kernel, RX kernel on both ends" in output
