@@ -25,6 +25,7 @@ from .native import PATH
 from .verify import Report, find_headers, verify_file
 
 if TYPE_CHECKING:
+    from .resume import Checkpoint
     from .session import SessionReceiver
     from .tls import Channel
     from .transport import Progress, Summary
@@ -276,7 +277,7 @@ def _verify_from_socket(
     max_command_size: int | None,
     verbose: bool,
 ) -> Report:
-    with _accepted(address, mode, key_file, identity, verbose) as session:
+    with _accepted(address, mode, _psk(mode, key_file, identity), identity, verbose) as session:
         report = verify_file(session, keep_going=keep_going, max_command_size=max_command_size)  # type: ignore[arg-type]
         first = report.problems[0] if report.problems else None
         session.answer(report.exit_code, str(first) if first else "ok")
@@ -287,24 +288,25 @@ def _verify_from_socket(
 def _accepted(
     address: str,
     mode: str,
-    key_file: str | None,
+    key: bytes | None,
     identity: str,
     verbose: bool,
     *,
     reconnect_timeout: float | None = None,
     timeout: float = 30.0,
+    resume: Checkpoint | None = None,
 ) -> Iterator[SessionReceiver]:
     """Listen, accept one sender, shake hands and open its session (or take a raw stream).
 
     With ``reconnect_timeout`` the sender may reconnect after a drop (and a
     first connection cut before its session started is waited for again); on
-    an error the sender is told before raising.
+    an error the sender is told before raising. With ``resume`` the session
+    starts where that checkpoint of a stopped receiver stands.
     """
     from .session import SessionReceiver, transient
     from .tls import accept_channel
     from .transport import listen, parse_address
 
-    key = _psk(mode, key_file, identity)
     keys = (lambda name: key if name == identity else None) if key else None
     host, port = parse_address(address, listen=True)
 
@@ -329,6 +331,8 @@ def _accepted(
                         accept=accept,
                         reconnect_timeout=reconnect_timeout or 0.0,
                         log=log,
+                        start=resume.offset if resume else 0,
+                        identity=resume.stream if resume else None,
                     )
                     guard.pop_all()
                 break
@@ -446,6 +450,12 @@ def _quiet_progress(label: str, quiet: bool) -> Progress:
     is_flag=True,
     help="Run a session that survives dropped connections (needs a sendstream receiver; ~1/3 slower).",
 )
+@click.option(
+    "--resume",
+    "token",
+    metavar="TOKEN",
+    help="Continue a transfer after a restart, from the receiver's token (implies --resumable).",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary.")
 @click.option("-v", "--verbose", is_flag=True, help="Say which TLS path each direction uses, and every reconnect.")
 def send(
@@ -458,6 +468,7 @@ def send(
     retry_delay: float,
     timeout: float,
     resumable: bool,
+    token: str | None,
     quiet: bool,
     verbose: bool,
 ) -> None:
@@ -467,11 +478,21 @@ def send(
     reconnects and continues from the last command the receiver verified.
     Without it the plain stream goes through TLS, which any TLS-PSK peer
     (stunnel, openssl) can take, at full speed.
+
+    With --resume TOKEN (printed by a receiver that stopped) STREAM is the
+    same stream again, e.g. a new `btrfs send` of the same snapshot: it is
+    checked against the token up to the token's offset, and only the rest
+    is sent.
     """
     from .tls import connect_channel
     from .transport import connect, parse_address, send_resumable, send_stream
 
     key = _psk(mode, key_file, identity)
+    checkpoint = None
+    if token is not None:
+        from .resume import read_token
+
+        checkpoint = read_token(token, key)
     host, port = parse_address(target)
     shown = False
 
@@ -491,11 +512,13 @@ def send(
 
     with open_input(stream) as source:
         progress = _quiet_progress("sent", quiet)
-        if not resumable:
+        if not resumable and checkpoint is None:
             with connect_once() as channel:
                 summary = send_stream(source, channel, progress)
         else:
-            summary = send_resumable(source, connect_once, progress, retries=retries, retry_delay=retry_delay, log=log)
+            summary = send_resumable(
+                source, connect_once, progress, retries=retries, retry_delay=retry_delay, log=log, resume=checkpoint
+            )
     if not quiet:
         click.echo(f"sendstream: {summary.line('sent')}", err=True)
 
@@ -521,6 +544,11 @@ def send(
     metavar="SECONDS",
     help="Longest TLS handshake of a new connection.",
 )
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue the unfinished transfer to FILE (-o) where its last durable command ended.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary.")
 @click.option("-v", "--verbose", is_flag=True, help="Say which TLS path each direction uses, and every reconnect.")
 def receive(
@@ -532,6 +560,7 @@ def receive(
     identity: str,
     reconnect_timeout: float,
     timeout: float,
+    resume: bool,
     quiet: bool,
     verbose: bool,
 ) -> None:
@@ -539,26 +568,92 @@ def receive(
     to stdout, a file or the stdin of CMD (e.g. 'btrfs receive DIR').
 
     When the connection drops the sender may reconnect: the output (or CMD)
-    carries on where the last verified command ended.
+    carries on where the last verified command ended. A resumable sender's
+    stream goes to FILE.part, made durable at checkpoints (FILE.part.resume
+    holds a resume token); if either side stops, `receive --resume` and
+    `send --resume TOKEN` continue from the last checkpoint.
     """
+    from .resume import load_state, refuse_unfinished
     from .transport import receive_resumable
 
     if output and command:
         raise e.UsageError("give -o or --exec, not both")
+    journaled = bool(output) and output != "-" and mode != "none" and not _special(output or "")
+    if resume and not journaled:
+        raise e.UsageError("--resume continues a file: give -o FILE and a TLS mode (its key signs the token)")
+    key = _psk(mode, key_file, identity)
+    checkpoint = None
+    if resume:
+        assert output
+        checkpoint = load_state(output, key)
+        click.echo(
+            f"sendstream: resuming {output} at offset {checkpoint.offset}; on the sending side run\n"
+            f"  sendstream send --resume {_token(checkpoint, key)} ...",
+            err=True,
+        )
+    elif journaled:
+        assert output
+        refuse_unfinished(output)
     accepted = _accepted(
-        address, mode, key_file, identity, verbose, reconnect_timeout=reconnect_timeout, timeout=timeout
+        address, mode, key, identity, verbose, reconnect_timeout=reconnect_timeout, timeout=timeout, resume=checkpoint
     )
     with accepted as session:
         progress = _quiet_progress("received", quiet)
         if command:
             summary = _receive_into_child(session, command, progress)
+        elif journaled and not session.raw:
+            assert output and key
+            summary = _receive_into_journal(session, output, key, checkpoint, progress)
         else:
+            if checkpoint is not None:
+                raise e.UsageError("the sender sent a plain stream, which cannot resume: use send --resume")
             with atomic_output(output or "-") as out:
                 session.flush = out.flush
                 summary = receive_resumable(session, out.write, progress)
         session.answer(0, "ok", linger=min(reconnect_timeout, 60.0))
     if not quiet:
         click.echo(f"sendstream: {summary.line('received')}", err=True)
+
+
+def _special(path: str) -> bool:
+    """True for an existing path that is not a regular file (a device, a fifo)."""
+    import stat
+
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _token(checkpoint: Checkpoint, key: bytes | None) -> str:
+    from .resume import make_token
+
+    assert key is not None
+    return make_token(checkpoint, key)
+
+
+def _receive_into_journal(
+    session: SessionReceiver, output: str, key: bytes, checkpoint: Checkpoint | None, progress: Progress
+) -> Summary:
+    from .resume import Journal
+    from .transport import receive_resumable
+
+    journal = Journal(output, key, checkpoint)
+    try:
+        summary = receive_resumable(session, journal.write, progress, journal)
+        journal.finish()
+    except BaseException:
+        journal.close()
+        if journal.token is not None:
+            click.echo(
+                f"sendstream: {journal.part} holds the stream up to offset {journal.offset}; to continue, run\n"
+                f"  sendstream receive --resume -o {output} ... here, and on the sending side\n"
+                f"  sendstream send --resume {journal.token} ...",
+                err=True,
+            )
+        raise
+    session.verified = session.written
+    return summary
 
 
 def _receive_into_child(session: SessionReceiver, command: str, progress: Progress) -> Summary:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import errors as e
 from .command import Command
@@ -23,6 +23,9 @@ from .encoder import encode_command, encode_stream_header
 from .layout import COMMAND_HEADER_SIZE, command_name
 from .native import NATIVE, native_scan
 from .scan import Batch
+
+if TYPE_CHECKING:
+    from .resume import Ledger
 
 _RUN = 1 << 16
 
@@ -45,10 +48,14 @@ class Healer:
         keep_last: bool = False,
         truncate: Callable[[int], object] | None = None,
         copy_range: Callable[[int, int], object] | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
         if keep_last and truncate is None:
             raise e.UsageError("keeping only the last restart needs an output that can be truncated")
+        if keep_last and ledger is not None:
+            raise e.UsageError("a ledger cannot follow an output that is truncated")
         self._write = write
+        self._ledger = ledger  # told of every header and command before it is written
         # copy_range(offset, length) passes input bytes on without reading
         # them (sendfile from the input file), for the runs the scanner checked
         self._copy_range = copy_range
@@ -101,6 +108,8 @@ class Healer:
         skip = sum(lens[:repeated]) + COMMAND_HEADER_SIZE * repeated
         self.dropped += skip
         if repeated < len(lens):
+            if self._ledger is not None:
+                self._ledger.run(lens[repeated:], crcs[repeated:])
             if in_input and self._copy_range is not None:
                 self._copy_range(offset + skip, nbytes - skip)
                 self.written += nbytes - skip
@@ -123,6 +132,8 @@ class Healer:
     def event(self, event: Event) -> None:
         """Take one event of the framer (or decoder)."""
         if isinstance(event, StreamHeader):
+            if self._ledger is not None:
+                self._ledger.header(event.version)
             self._out(encode_stream_header(event.version))
             self._version = event.version
             self._stream_body = self.written

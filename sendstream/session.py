@@ -8,8 +8,9 @@ sender -> receiver
     ``parent_ctransid`` (null for a full send) and ``version`` of the first
     command (``subvol`` or ``snapshot``), and ``prefix`` / ``sha256``: the
     length and SHA-256 of the first bytes of the (healed) stream, up to
-    :data:`PREFIX_SIZE`. An optional ``token`` is reserved for resuming
-    across restarts.
+    :data:`PREFIX_SIZE`. A sender resuming after a restart
+    (:mod:`sendstream.resume`) sends the same hello: the receiver's answer
+    says where it stands.
 
     Then frames: ``D`` + u32 big-endian length + that many stream bytes;
     ``E`` + u64 big-endian total length of the stream: the end. A connection
@@ -65,6 +66,7 @@ from typing import Any
 from . import errors as e
 from .command import Command
 from .decoder import NEED_DATA, Decoder, StreamHeader
+from .resume import ResumeError
 from .tls import Channel, HandshakeError, TlsError, TruncationError
 
 MAGIC = b"sendstream-session"
@@ -139,6 +141,13 @@ def stream_identity(prefix: bytes) -> dict[str, Any]:
     ident["prefix"] = len(prefix)
     ident["sha256"] = hashlib.sha256(prefix).hexdigest()
     return ident
+
+
+def _describe(identity: dict[str, Any]) -> str:
+    text = f"{identity.get('command')} of {identity.get('uuid')} at ctransid {identity.get('ctransid')}"
+    if identity.get("parent_uuid"):
+        text += f" (parent {identity['parent_uuid']})"
+    return text
 
 
 def _json_line(head: bytes, obj: Any) -> bytes:
@@ -254,7 +263,8 @@ class SessionSender:
         retries: int = 5,
         retry_delay: float = 1.0,
         window: int = WINDOW_SIZE,
-        token: str | None = None,
+        skip_to: int = 0,
+        stream: dict[str, Any] | None = None,
         log: Callable[[str], object] | None = None,
         progress: Callable[[int], object] | None = None,
     ) -> None:
@@ -262,13 +272,16 @@ class SessionSender:
         self.retries = retries
         self.retry_delay = retry_delay
         self.window = max(window, PREFIX_SIZE + PIECE_SIZE)
-        self.token = token
+        # resuming after a restart: the receiver holds the bytes before skip_to,
+        # of the stream whose identity is ``stream``
+        self._skip_to = skip_to
+        self._expected = stream
         self._log = log or (lambda text: None)
         self._progress = progress or (lambda n: None)
         self._cond = threading.Condition()
         self._chunks: deque[bytes] = deque()
-        self.acked = 0  # the receiver's verified offset: everything before it is dropped from memory
-        self._base = 0  # stream offset of the first byte of self._chunks
+        self.acked = skip_to  # the receiver's verified offset: everything before it is dropped from memory
+        self._base = skip_to  # stream offset of the first byte of self._chunks
         self.written = 0  # stream bytes taken so far
         self.identity: dict[str, Any] | None = None
         self._prefix = bytearray()
@@ -293,6 +306,14 @@ class SessionSender:
     def _write(self, data: bytes) -> None:
         if self.identity is None:
             self._prefix += data[: PREFIX_SIZE - len(self._prefix)]
+        if self.written < self._skip_to:
+            skip = min(len(data), self._skip_to - self.written)
+            self.written += skip
+            data = data[skip:]
+            if not data:
+                if self._channel is None and len(self._prefix) >= PREFIX_SIZE and self.written == self._skip_to:
+                    self._open()
+                return
         with self._cond:
             while (
                 self._channel is not None
@@ -367,6 +388,11 @@ class SessionSender:
         _close(self._channel)
         self._channel = None
 
+    @property
+    def skipped(self) -> int:
+        """Bytes not sent because the receiver had them before this sender started (resume after a restart)."""
+        return self._skip_to
+
     def _fail_on_status(self) -> None:
         assert self.status is not None
         code, message = self.status
@@ -374,9 +400,20 @@ class SessionSender:
 
     # connections
 
+    def identify(self) -> dict[str, Any]:
+        """The stream's identity (from what was written so far, at most its first bytes); checked when resuming."""
+        if self.identity is None:
+            self.identity = stream_identity(bytes(self._prefix))
+            self._prefix = bytearray()
+            if self._expected is not None and self.identity != self._expected:
+                ours, theirs = _describe(self.identity), _describe(self._expected)
+                if ours == theirs:
+                    ours += f" whose first {self.identity['prefix']} bytes differ"
+                raise ResumeError(f"this is not the stream the resume token is for: {ours}, not {theirs}")
+        return self.identity
+
     def _open(self) -> None:
-        self.identity = stream_identity(bytes(self._prefix))
-        self._prefix = bytearray()
+        self.identify()
         self._reconnect(first=True)
 
     def _send_frames(self, channel: Channel, data: bytes | memoryview) -> None:
@@ -429,8 +466,6 @@ class SessionSender:
         """Hello, answer, resend (or the final status, from a receiver that finished)."""
         self.describe = channel.describe()
         hello: dict[str, Any] = {"stream": self.identity}
-        if self.token:
-            hello["token"] = self.token
         channel.send_all(_json_line(MAGIC + b" %d" % VERSION, hello))
         buf = ChannelBuffer(channel, 64 << 10)
         line = buf.readline()
@@ -444,7 +479,17 @@ class SessionSender:
         reply = json.loads(line[len(head) :])
         verified, resume = int(reply["verified"]), int(reply["resume"])
         with self._cond:
-            if verified > self.written or resume > self.written:
+            if resume > self.written and self._skip_to and not self._sessions:
+                # a receiver still running got further with the sender before us: catch up
+                self._chunks.clear()
+                self._base = self._skip_to = resume
+                self.acked = verified
+            elif self._skip_to and resume < self._skip_to and not self._sessions:
+                raise SessionError(
+                    f"the receiver resumes at offset {resume}, before the token's {self._skip_to}: "
+                    "use the receiver's latest token"
+                )
+            if max(verified, resume) > max(self.written, self._skip_to):
                 raise SessionError(f"the receiver has {resume} bytes, more than the {self.written} sent")
             self._advance(verified)
             if resume < self._base:
@@ -505,7 +550,10 @@ class SessionReceiver:
 
     ``accept(sock)`` shakes hands on an accepted socket. ``server`` is the
     listening socket (None: no reconnect). Call :meth:`wrote` after every
-    write downstream, :meth:`flush_needed` is asked before each wait.
+    write downstream. ``flush`` pushes what was written downstream; then
+    ``checkpoint(offset)`` may make it durable and returns the offset that
+    is (acknowledged as verified). A receiver resuming after a restart
+    starts at offset ``start`` of the stream ``identity``.
     """
 
     def __init__(
@@ -515,22 +563,26 @@ class SessionReceiver:
         server: socket.socket | None = None,
         accept: Callable[[socket.socket], Channel] | None = None,
         flush: Callable[[], object] | None = None,
+        checkpoint: Callable[[int], int] | None = None,
         reconnect_timeout: float = 300.0,
         log: Callable[[str], object] | None = None,
         progress: Callable[[int], object] | None = None,
+        start: int = 0,
+        identity: dict[str, Any] | None = None,
     ) -> None:
         self._server = server
         self._accept = accept
         self.flush = flush or (lambda: None)
+        self.checkpoint = checkpoint
         self.reconnect_timeout = reconnect_timeout
         self._log = log or (lambda text: None)
         self.progress = progress or (lambda n: None)
-        self.received = 0  # stream bytes handed to the verifier (R)
-        self.written = 0  # stream bytes written downstream
-        self.verified = 0  # ... and flushed (V, acknowledged)
-        self._acked = 0
-        self._ack_time = 0.0
-        self.identity: dict[str, Any] | None = None
+        self.received = start  # stream bytes handed to the verifier (R)
+        self.written = start  # stream bytes written downstream
+        self.verified = start  # ... and flushed, and durable with a checkpoint (V, acknowledged)
+        self._committed = start
+        self._acked = start
+        self.identity = identity
         self.raw = False
         self.reconnects = 0
         self._frame_left = 0
@@ -648,13 +700,14 @@ class SessionReceiver:
 
     def wrote(self, n: int) -> None:
         self.written += n
-        if self.written - self.verified >= ACK_BYTES:
+        if self.written - self._committed >= ACK_BYTES:
             self.commit()
 
     def commit(self) -> None:
         if self.written != self.verified:
             self.flush()
-            self.verified = self.written
+            self._committed = self.written
+            self.verified = self.checkpoint(self.written) if self.checkpoint else self.written
             if self.verified - self._acked >= ACK_BYTES:
                 self._ack_now.set()
 

@@ -14,13 +14,16 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from . import errors as e
 from .decoder import Framer
 from .files import file_events, is_regular
 from .repair import Healer
 from .tls import Channel
+
+if TYPE_CHECKING:
+    from .resume import Checkpoint, Journal
 
 STATUS_PREFIX = b"sendstream-status "
 CONNECT_TIMEOUT = 30.0
@@ -122,10 +125,13 @@ class Summary:
     status: str = ""
     reconnects: int = 0
     resent: int = 0
+    skipped: int = 0  # resumed after a restart: the bytes before this offset were not sent
 
     def line(self, verb: str) -> str:
         rate = self.bytes / max(self.seconds, 1e-9) / 1e6
         text = f"{verb} {self.bytes} bytes in {self.seconds:.2f} s ({rate:,.1f} MB/s); {self.path}"
+        if self.skipped:
+            text += f"; resumed at offset {self.skipped}"
         if self.restarts:
             text += f"; {self.restarts} restart{'s' * (self.restarts != 1)} healed"
         if self.reconnects:
@@ -178,41 +184,81 @@ def send_resumable(
     retry_delay: float = 1.0,
     window: int | None = None,
     log: Callable[[str], object] | None = None,
+    resume: Checkpoint | None = None,
 ) -> Summary:
-    """Check, heal and send a whole stream in a session (:mod:`sendstream.session`) that survives drops."""
+    """Check, heal and send a whole stream in a session (:mod:`sendstream.session`) that survives drops.
+
+    With ``resume`` (from a receiver's token) the stream must be the token's
+    up to its offset, and only what follows is sent.
+    """
+    from .resume import Ledger
     from .session import WINDOW_SIZE, SessionSender
 
     sender = SessionSender(
-        connect, retries=retries, retry_delay=retry_delay, window=window or WINDOW_SIZE, log=log, progress=progress.add
+        connect,
+        retries=retries,
+        retry_delay=retry_delay,
+        window=window or WINDOW_SIZE,
+        skip_to=resume.offset if resume else 0,
+        stream=resume.stream if resume else None,
+        log=log,
+        progress=progress.add,
     )
-    healer = Healer(sender.write)
+    ledger = Ledger(resume) if resume else None
+    healer = Healer(sender.write, ledger=ledger)
     try:
         for event in file_events(source, Framer(), healer.batch):
             healer.event(event)
+        if ledger is not None:
+            sender.identify()  # a short stream: the identity first, it says more than the ledger
+            ledger.finish()
         code, message = sender.finish()
     except BaseException as exc:
         sender.abort(str(exc) if isinstance(exc, e.SendStreamError) else None)
         raise
     progress.done()
+    skipped = sender.skipped
     summary = Summary(
-        healer.written, progress.seconds, sender.describe, len(healer.restarts), f"{code} {message}", sender.reconnects
+        healer.written - skipped,
+        progress.seconds,
+        sender.describe,
+        len(healer.restarts),
+        f"{code} {message}",
+        sender.reconnects,
+        sender.resent,
+        skipped,
     )
-    summary.resent = sender.resent
     if code:
         raise e.RemoteError(f"the receiver failed: {message}", code)
     return summary
 
 
-def receive_resumable(session: Any, write: Callable[[Any], object], progress: Progress) -> Summary:
-    """Receive through a :class:`~sendstream.session.SessionReceiver`: check every command, write only checked ones."""
+def receive_resumable(
+    session: Any, write: Callable[[Any], object], progress: Progress, journal: Journal | None = None
+) -> Summary:
+    """Receive through a :class:`~sendstream.session.SessionReceiver`: check every command, write only checked ones.
+
+    With a ``journal`` the output is made durable at checkpoints; a resumed
+    journal's kept prefix is checked again first, and the session's bytes
+    follow it.
+    """
+    from .resume import Chain, Ledger, after
 
     def counted(data: Any) -> None:
         write(data)
         session.wrote(len(data))
 
-    healer = Healer(counted)
+    source: Any = session
+    out: Callable[[Any], object] = counted
+    ledger = None
+    if journal is not None:
+        ledger = Ledger(journal.checkpoint)
+        session.checkpoint = lambda offset: journal.commit(offset, session.identity, ledger)
+        if journal.checkpoint is not None:
+            source, out = Chain(journal.prefix(), session), after(journal.offset, counted)
+    healer = Healer(out, ledger=ledger)
     session.progress = progress.add
-    for event in file_events(session, Framer(), healer.batch):
+    for event in file_events(source, Framer(), healer.batch):
         healer.event(event)
     session.commit()
     progress.done()

@@ -36,11 +36,15 @@ SEED = int(os.environ.get("SENDSTREAM_FAULT_SEED", "20261130"))
 
 
 class Proxy:
-    """Forwards 127.0.0.1:port to the target; connection i suffers ``faults[i]`` (then none)."""
+    """Forwards 127.0.0.1:port to the target; connection i suffers ``faults[i]`` (then none).
 
-    def __init__(self, target: int, faults: list[tuple[Any, ...]]) -> None:
+    ``rate`` (bytes per second) slows the sender's direction, as a slow network.
+    """
+
+    def __init__(self, target: int, faults: list[tuple[Any, ...]], rate: float | None = None) -> None:
         self.target = target
         self.faults = list(faults)
+        self.rate = rate
         self.cuts = 0
         self.stalls = 0
         self.connections = 0
@@ -97,9 +101,12 @@ class Proxy:
 
         def c2s() -> None:
             limit = fault[1] if kind in ("c2s", "stall") else None
+            size = 65536 if self.rate is None else max(1024, int(self.rate / 20))
             while not state["cut"]:
+                if self.rate is not None:
+                    time.sleep(size / self.rate)
                 try:
-                    chunk = client.recv(65536)
+                    chunk = client.recv(size)
                 except OSError:
                     break
                 if not chunk:

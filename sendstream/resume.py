@@ -1,0 +1,355 @@
+"""Resuming across restarts of either side: ledgers, tokens and the receiver's journal.
+
+A :class:`Ledger` digests the length and CRC of every command written (and
+the version of every stream header), in order, so two runs of the same
+stream agree on it up to any command boundary, and a different stream does
+not. A receiver writing to ``FILE`` in a session keeps ``FILE.part`` and, in
+``FILE.part.resume``, a *resume token*: the stream's identity (the session
+hello's), the offset of the last command boundary it made durable (fsync),
+the command count and the ledger digest there, authenticated with an
+HMAC-SHA-256 keyed by the pre-shared key. ``sendstream send --resume TOKEN``
+reads the stream again from the start, checks it is the token's stream (the
+identity, and the ledger at the token's offset) and sends only the rest;
+``sendstream receive --resume`` truncates ``FILE.part`` to that offset,
+checks the kept prefix again against the ledger, and carries on.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import time
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from . import errors as e
+from .layout import COMMAND_HEADER_SIZE, STREAM_HEADER_SIZE
+
+TOKEN_PREFIX = "ssr1."
+STATE_SUFFIX = ".resume"
+PART_SUFFIX = ".part"
+CHECKPOINT_BYTES = 16 << 20  # durable at least this often: well inside the sender's 64 MiB window
+CHECKPOINT_SECONDS = 1.0
+_HEADER_MARK = 0xFFFFFFFF  # in the lengths digest: a stream header (no command is that long)
+_MAX_TOKEN = 8192
+
+
+class ResumeError(e.SendStreamError):
+    """A resume token or resume state that cannot be used."""
+
+    exit_code = e.EXIT_USAGE
+
+
+class PrefixDiffers(e.FormatError):
+    """The stream read again is not the one the resume token is for."""
+
+    exit_code = e.EXIT_USAGE
+    kind = "another stream"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where a receiver stands: a command boundary of one stream."""
+
+    stream: dict[str, Any]
+    offset: int
+    commands: int
+    ledger: str
+
+
+class Ledger:
+    """The digest of every command written so far (length and CRC, in order).
+
+    With ``expect``, the digest is compared when the written offset reaches
+    ``expect.offset``, which must be a command boundary.
+    """
+
+    def __init__(self, expect: Checkpoint | None = None) -> None:
+        self.offset = 0
+        self.commands = 0
+        self._lens = hashlib.sha256()
+        self._crcs = hashlib.sha256()
+        self._expect = expect
+        if expect is not None and expect.offset == 0:
+            self._check()
+
+    def digest(self) -> str:
+        return hashlib.sha256(b"sendstream-ledger-1" + self._lens.digest() + self._crcs.digest()).hexdigest()
+
+    def header(self, version: int) -> None:
+        self._add(array("I", [_HEADER_MARK]), array("I", [version]), STREAM_HEADER_SIZE, 0)
+
+    def run(self, lens: array[int], crcs: array[int]) -> None:
+        """Commands about to be written: their payload lengths and CRCs."""
+        size = sum(lens) + COMMAND_HEADER_SIZE * len(lens)
+        target = self._expect.offset if self._expect is not None else -1
+        if self.offset < target < self.offset + size:
+            k, acc = 0, self.offset
+            while acc < target:
+                acc += lens[k] + COMMAND_HEADER_SIZE
+                k += 1
+            if acc != target:
+                start = acc - lens[k - 1] - COMMAND_HEADER_SIZE
+                self._differs(f"a command boundary at offset {target}", f"a command from offset {start}")
+            self._add(lens[:k], crcs[:k], acc - self.offset, k)
+            lens, crcs, size = lens[k:], crcs[k:], size - (acc - self.offset)
+        self._add(lens, crcs, size, len(lens))
+
+    def finish(self) -> None:
+        """The stream ended: fail if it never reached the expected offset."""
+        if self._expect is not None:
+            self._differs(f"at least {self._expect.offset} bytes", f"the stream ends at {self.offset}")
+
+    def _add(self, lens: array[int], crcs: array[int], size: int, commands: int) -> None:
+        if lens:
+            self._lens.update(lens.tobytes())
+            self._crcs.update(crcs.tobytes())
+        self.offset += size
+        self.commands += commands
+        if self._expect is not None and self.offset >= self._expect.offset:
+            if self.offset > self._expect.offset:
+                self._differs(f"a stream header or command boundary at offset {self._expect.offset}", self.offset)
+            self._check()
+
+    def _check(self) -> None:
+        assert self._expect is not None
+        expect, self._expect = self._expect, None
+        if (self.commands, self.digest()) != (expect.commands, expect.ledger):
+            raise PrefixDiffers(
+                f"the stream differs from the token's before offset {expect.offset}: "
+                "other command lengths or CRCs (not the same snapshot, or a changed file)",
+                offset=expect.offset,
+                index=self.commands,
+                expected=f"{expect.commands} commands with ledger {expect.ledger[:16]}",
+                actual=f"{self.commands} commands with ledger {self.digest()[:16]}",
+            )
+
+    def _differs(self, expected: str, actual: object) -> None:
+        assert self._expect is not None
+        offset = self._expect.offset
+        self._expect = None
+        raise PrefixDiffers(
+            f"the stream differs from the token's: offset {offset} is not where it was",
+            offset=offset,
+            index=self.commands,
+            expected=expected,
+            actual=actual,
+        )
+
+
+def after(offset: int, write: Callable[[Any], object]) -> Callable[[Any], None]:
+    """``write`` for the bytes from stream offset ``offset`` on; earlier ones are dropped."""
+    position = 0
+
+    def gate(data: Any) -> None:
+        nonlocal position
+        n = len(data)
+        if position + n <= offset:
+            position += n
+            return
+        skip = max(0, offset - position)
+        position += n
+        write(memoryview(data)[skip:] if skip else data)
+
+    return gate
+
+
+# --- tokens ---------------------------------------------------------------------------------------------------------
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _mac(key: bytes, payload: bytes) -> bytes:
+    token_key = hmac.new(key, b"sendstream resume token 1", hashlib.sha256).digest()
+    return hmac.new(token_key, payload, hashlib.sha256).digest()
+
+
+def make_token(checkpoint: Checkpoint, key: bytes) -> str:
+    """The checkpoint as text, authenticated with ``key`` (the pre-shared key)."""
+    fields = {"stream": checkpoint.stream, "offset": checkpoint.offset, "commands": checkpoint.commands}
+    payload = json.dumps({**fields, "ledger": checkpoint.ledger}, sort_keys=True, separators=(",", ":")).encode()
+    return f"{TOKEN_PREFIX}{_b64(payload)}.{_b64(_mac(key, payload))}"
+
+
+def read_token(token: str, key: bytes | None) -> Checkpoint:
+    """The checkpoint of a token made with ``key``; :class:`ResumeError` for any other text."""
+    if key is None:
+        raise ResumeError("resume tokens are authenticated with the pre-shared key: give a TLS mode and --key")
+    text = token.strip()
+    if not text.startswith(TOKEN_PREFIX) or len(text) > _MAX_TOKEN or text.count(".") != 2:
+        raise ResumeError(f"not a sendstream resume token (they start with {TOKEN_PREFIX!r})")
+    body, _, tag = text[len(TOKEN_PREFIX) :].partition(".")
+    try:
+        payload, mac = _unb64(body), _unb64(tag)
+    except (binascii.Error, ValueError):
+        raise ResumeError("the resume token is damaged (not base64)") from None
+    if not hmac.compare_digest(mac, _mac(key, payload)):
+        raise ResumeError("the resume token was not made with this key (forged, altered, or another key)")
+    fields = json.loads(payload)
+    return Checkpoint(fields["stream"], int(fields["offset"]), int(fields["commands"]), str(fields["ledger"]))
+
+
+# --- the receiver's journal -----------------------------------------------------------------------------------------
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def state_path(path: str) -> str:
+    """Where a receiver writing ``path`` keeps its resume token."""
+    return path + PART_SUFFIX + STATE_SUFFIX
+
+
+def load_state(path: str, key: bytes | None) -> Checkpoint:
+    """The checkpoint of an unfinished transfer to ``path``."""
+    state = state_path(path)
+    try:
+        with open(state, encoding="ascii") as f:
+            token = f.read().strip()
+    except FileNotFoundError:
+        raise ResumeError(f"nothing to resume: no {state}") from None
+    except (OSError, ValueError) as exc:
+        raise ResumeError(f"cannot read {state}: {exc}") from None
+    return read_token(token, key)
+
+
+def refuse_unfinished(path: str) -> None:
+    """Fail when an unfinished transfer to ``path`` would be overwritten."""
+    if os.path.exists(state_path(path)):
+        raise ResumeError(
+            f"{state_path(path)} holds an unfinished transfer: add --resume to continue it, "
+            f"or remove it and {path + PART_SUFFIX}"
+        )
+
+
+class Journal:
+    """``path`` written in place as ``path.part``, with durable checkpoints in ``path.part.resume``.
+
+    From ``checkpoint`` on (a resumed transfer) ``path.part`` is cut back to
+    the checkpoint's offset: what came after it was never made durable.
+    """
+
+    def __init__(self, path: str, key: bytes, checkpoint: Checkpoint | None = None) -> None:
+        self.path = path
+        self.part = path + PART_SUFFIX
+        self.state = state_path(path)
+        self._key = key
+        self.checkpoint = checkpoint
+        self.token = make_token(checkpoint, key) if checkpoint else None
+        self._durable = checkpoint.offset if checkpoint else 0
+        self._durable_at = time.monotonic()
+        if checkpoint is None:
+            self.file: BinaryIO = open(self.part, "wb")  # noqa: SIM115 (open for the whole transfer)
+            return
+        try:
+            self.file = open(self.part, "r+b")  # noqa: SIM115
+        except FileNotFoundError:
+            raise ResumeError(f"nothing to resume: {self.part} is gone") from None
+        size = os.fstat(self.file.fileno()).st_size
+        if size < checkpoint.offset:
+            self.file.close()
+            raise ResumeError(f"{self.part} has {size} bytes, fewer than the {checkpoint.offset} its resume state says")
+        self.file.truncate(checkpoint.offset)
+        os.fsync(self.file.fileno())
+        self.file.seek(checkpoint.offset)
+
+    @property
+    def offset(self) -> int:
+        """The last durable command boundary."""
+        return self._durable
+
+    def prefix(self) -> _Prefix:
+        """The kept prefix, to be checked again against the ledger."""
+        return _Prefix(self.part, self._durable)
+
+    def write(self, data: Any) -> None:
+        self.file.write(data)
+
+    def commit(self, offset: int, stream: dict[str, Any] | None, ledger: Ledger, *, force: bool = False) -> int:
+        """Flush; every ``CHECKPOINT_BYTES`` or seconds make ``offset`` durable. Returns the durable offset."""
+        self.file.flush()
+        now = time.monotonic()
+        due = offset - self._durable >= CHECKPOINT_BYTES or now - self._durable_at >= CHECKPOINT_SECONDS
+        if stream is None or offset == self._durable or not (due or force):
+            return self._durable
+        assert ledger.offset == offset, (ledger.offset, offset)
+        os.fsync(self.file.fileno())
+        self.checkpoint = Checkpoint(stream, offset, ledger.commands, ledger.digest())
+        self.token = make_token(self.checkpoint, self._key)
+        tmp = self.state + ".tmp"
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write(self.token + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.state)
+        _fsync_dir(self.state)
+        self._durable, self._durable_at = offset, now
+        return offset
+
+    def finish(self) -> None:
+        """The whole stream is in: ``path.part`` becomes ``path``; the state goes."""
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        os.replace(self.part, self.path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.state)
+        _fsync_dir(self.path)
+
+    def close(self) -> None:
+        """Stop (on an error): the part and the state stay for ``--resume``."""
+        with contextlib.suppress(OSError):
+            self.file.close()
+
+
+class _Prefix:
+    """The first ``size`` bytes of a file, as a reader."""
+
+    def __init__(self, path: str, size: int) -> None:
+        self._f = open(path, "rb")  # noqa: SIM115
+        self._left = size
+
+    def readinto(self, view: Any) -> int:
+        view = memoryview(view).cast("B")[: self._left]
+        if not view:
+            self._f.close()
+            return 0
+        n = self._f.readinto(view) or 0
+        if not n:
+            raise ResumeError("the kept part file shrank while it was checked again")
+        self._left -= n
+        return n
+
+
+class Chain:
+    """Reads ``first`` to its end, then ``second``."""
+
+    def __init__(self, first: Any, second: Any) -> None:
+        self._first: Any = first
+        self._second = second
+
+    def readinto(self, view: Any) -> int:
+        if self._first is not None:
+            n: int = self._first.readinto(view)
+            if n:
+                return n
+            self._first = None
+        return int(self._second.readinto(view))

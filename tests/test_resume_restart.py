@@ -1,0 +1,260 @@
+"""Resuming across restarts: receivers and senders killed, resume tokens, the receiver's journal.
+
+A slow proxy (80 KB/s) stretches the transfer of a real fixture over a few
+seconds, so that processes can be killed while it runs, after the
+receiver made a checkpoint durable (at least every second).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import signal
+import subprocess
+import time
+from array import array
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, boundaries
+from test_resume import DATA, SAMPLE, SHA, Proxy
+from test_transport import CMD, free_port
+
+from sendstream import Command, Decoder, Encoder, EndOfInput, StreamHeader
+from sendstream.errors import TruncatedStream
+from sendstream.files import file_events
+from sendstream.repair import Healer
+from sendstream.resume import Checkpoint, Journal, Ledger, PrefixDiffers, ResumeError, make_token, read_token
+from sendstream.session import PREFIX_SIZE, stream_identity
+
+RATE = 80_000
+RETRY = ["-v", "--retries", "12", "--retry-delay", "0.1", "--timeout", "3"]
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> Path:
+    path = tmp_path / "psk.key"
+    path.write_bytes(os.urandom(32))
+    path.chmod(0o600)
+    return path
+
+
+def receiver(port: int, out: Path, key: Path, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*CMD, "receive", "--listen", f"127.0.0.1:{port}", "-o", str(out), "--key", str(key), "-v", *extra],
+        stderr=subprocess.PIPE,
+    )
+
+
+def sender(port: int, key: Path, *extra: str, source: Path = SAMPLE) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*CMD, "send", "--resumable", "--to", f"127.0.0.1:{port}", str(source), "--key", str(key), *RETRY, *extra],
+        stderr=subprocess.PIPE,
+    )
+
+
+def state_of(out: Path) -> Path:
+    return out.with_name(out.name + ".part.resume")
+
+
+def checkpoint_after(out: Path, key: Path, offset: int = 1, timeout: float = 20) -> Checkpoint:
+    """The receiver's durable checkpoint once it is at least at ``offset``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            checkpoint = read_token(state_of(out).read_text(), key.read_bytes())
+            if checkpoint.offset >= offset:
+                return checkpoint
+        except (FileNotFoundError, ResumeError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"no checkpoint at offset >= {offset} in {timeout} s")
+
+
+def finish(*procs: subprocess.Popen[bytes]) -> list[tuple[int, bytes]]:
+    results = []
+    for proc in procs:
+        _, err = proc.communicate(timeout=90)
+        results.append((proc.returncode, err))
+    return results
+
+
+def assert_complete(out: Path) -> None:
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == SHA
+    assert not out.with_name(out.name + ".part").exists() and not state_of(out).exists()
+
+
+def test_a_killed_receiver_restarted_with_resume_takes_the_same_sender_back(key: Path, tmp_path: Path) -> None:
+    port, out = free_port(), tmp_path / "out.stream"
+    proxy = Proxy(port, [], rate=RATE)
+    first = receiver(port, out, key)
+    send = sender(proxy.port, key)
+    try:
+        checkpoint = checkpoint_after(out, key, 64 << 10)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        assert 0 < checkpoint.offset < len(DATA)
+        again = receiver(port, out, key, "--resume")
+        (sent, send_err), (code, err) = finish(send, again)
+    finally:
+        for p in (first, send):
+            p.kill()
+        proxy.close()
+    assert sent == 0 and code == 0, (send_err, err)
+    assert f"resuming {out} at offset".encode() in err
+    assert b"resumed after" in send_err
+    assert_complete(out)
+
+
+def test_a_killed_sender_started_again_with_the_token_sends_only_the_rest(key: Path, tmp_path: Path) -> None:
+    port, out = free_port(), tmp_path / "out.stream"
+    proxy = Proxy(port, [], rate=RATE)
+    recv = receiver(port, out, key, "--reconnect-timeout", "60")
+    first = sender(proxy.port, key)
+    try:
+        checkpoint = checkpoint_after(out, key, 100 << 10)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        token = state_of(out).read_text().strip()
+        again = sender(proxy.port, key, "--resume", token)
+        (sent, send_err), (code, err) = finish(again, recv)
+    finally:
+        for p in (recv, first):
+            p.kill()
+        proxy.close()
+    assert sent == 0 and code == 0, (send_err, err)
+    # the receiver was still running and had more than the token: the new sender caught up to it
+    resumed_at = int(send_err.split(b"resumed at offset ")[1].split(b";")[0].split()[0])
+    assert resumed_at >= checkpoint.offset
+    assert_complete(out)
+
+
+def test_both_killed_then_both_resume_from_the_receivers_token(key: Path, tmp_path: Path) -> None:
+    port, out = free_port(), tmp_path / "out.stream"
+    proxy = Proxy(port, [], rate=RATE)
+    recv, send = receiver(port, out, key), sender(proxy.port, key)
+    try:
+        checkpoint_after(out, key, 64 << 10)
+        for p in (send, recv):
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+        part = out.with_name(out.name + ".part")
+        part_size = part.stat().st_size
+        recv = receiver(port, out, key, "--resume")
+        assert recv.stderr is not None
+        line = recv.stderr.readline() + recv.stderr.readline()
+        token = line.split(b"--resume ")[1].split()[0].decode()
+        checkpoint = read_token(token, key.read_bytes())
+        assert checkpoint.offset <= part_size  # what the killed receiver wrote past it is cut off
+        send = sender(port, key, "--resume", token)  # straight to the receiver this time
+        (sent, send_err), (code, err) = finish(send, recv)
+    finally:
+        for p in (recv, send):
+            p.kill()
+        proxy.close()
+    assert sent == 0 and code == 0, (send_err, err)
+    assert f"resumed at offset {checkpoint.offset}".encode() in send_err
+    assert_complete(out)
+
+
+def full_checkpoint(data: bytes, upto: int | None = None) -> Checkpoint:
+    """The checkpoint a receiver makes after ``upto`` bytes (a command boundary) of ``data``."""
+    upto = len(data) if upto is None else upto
+    ledger = Ledger()
+    healer = Healer(lambda chunk: None, ledger=ledger)
+    with contextlib.suppress(TruncatedStream):  # a prefix ends before END
+        for event in file_events(io.BytesIO(data[:upto])):
+            healer.event(event)
+    assert ledger.offset == upto
+    return Checkpoint(stream_identity(data[:PREFIX_SIZE]), upto, ledger.commands, ledger.digest())
+
+
+def send_with_token(token: str, key: Path, source: Path) -> subprocess.CompletedProcess[bytes]:
+    port = free_port()  # nothing listens: every refusal comes before the sender connects
+    return subprocess.run(
+        [*CMD, "send", "--to", f"127.0.0.1:{port}", str(source), "--key", str(key), "--resume", token],
+        capture_output=True,
+        timeout=60,
+    )
+
+
+def test_forged_and_foreign_tokens_are_refused(key: Path, tmp_path: Path) -> None:
+    checkpoint = full_checkpoint(DATA)
+    token = make_token(checkpoint, key.read_bytes())
+    assert read_token(token, key.read_bytes()) == checkpoint
+    body, tag = token[len("ssr1.") :].split(".")
+    forged = "ssr1." + body[:-3] + ("A" if body[-3] != "A" else "B") + body[-2:] + "." + tag
+    other_key = make_token(checkpoint, os.urandom(32))
+    for bad in (forged, other_key):
+        done = send_with_token(bad, key, SAMPLE)
+        assert done.returncode == 2 and b"not made with this key" in done.stderr, done.stderr
+    done = send_with_token("hello", key, SAMPLE)
+    assert done.returncode == 2 and b"not a sendstream resume token" in done.stderr
+    other = FIXTURES / "rich-incr-v2.stream"
+    done = send_with_token(token, key, other)
+    assert done.returncode == 2 and b"not the stream the resume token is for" in done.stderr, done.stderr
+    assert b"snapshot of " in done.stderr and b"subvol of " in done.stderr
+
+
+def altered(data: bytes, after: int) -> bytes:
+    """``data`` with the first WRITE after offset ``after`` carrying other bytes (CRCs made anew)."""
+    decoder, encoder, out = Decoder(), Encoder(), bytearray()
+    decoder.receive_data(data)
+    decoder.receive_data(b"")
+    done = False
+    while not isinstance(event := decoder.next_event(), EndOfInput):
+        if isinstance(event, Command) and not done and event.offset > after and event.name == "write":
+            attrs = [(t, bytes(v) if t != 19 else bytes(len(v))) for t, v in event.attributes]
+            event, done = Command(event.cmd, attrs), True
+        if isinstance(event, StreamHeader | Command):
+            out += encoder.send(event)
+    assert done
+    return bytes(out)
+
+
+def test_a_stream_that_differs_before_the_tokens_offset_is_refused(key: Path, tmp_path: Path) -> None:
+    token = make_token(full_checkpoint(DATA), key.read_bytes())
+    changed = tmp_path / "changed.stream"
+    changed.write_bytes(altered(DATA, PREFIX_SIZE))
+    assert stream_identity(changed.read_bytes()[:PREFIX_SIZE]) == stream_identity(DATA[:PREFIX_SIZE])
+    done = send_with_token(token, key, changed)
+    assert done.returncode == 2, done.stderr
+    assert b"differs from the token's before offset" in done.stderr and b"ledger" in done.stderr
+
+
+def test_the_ledger_needs_a_command_boundary_and_enough_stream() -> None:
+    checkpoint = full_checkpoint(DATA)
+    ledger = Ledger(Checkpoint(checkpoint.stream, 20, 0, "x"))  # inside the first command
+    ledger.header(1)
+    with pytest.raises(PrefixDiffers, match="not where it was") as info:
+        ledger.run(array("I", [100]), array("I", [7]))
+    assert info.value.offset == 20
+    short = Ledger(Checkpoint(checkpoint.stream, 10**9, 0, "x"))
+    short.header(1)
+    with pytest.raises(PrefixDiffers, match="not where it was"):
+        short.finish()
+
+
+def test_receive_keeps_an_unfinished_transfer_until_told_to_resume(key: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out.stream"
+    half = full_checkpoint(DATA, upto=next(o for o in boundaries(DATA) if o > len(DATA) // 2))
+    journal = Journal(str(out), key.read_bytes())
+    journal.write(DATA[: half.offset] + os.urandom(len(DATA)))  # an unverified tail, longer than the rest
+    journal.file.flush()
+    state_of(out).write_text(make_token(half, key.read_bytes()) + "\n")
+    journal.close()
+    part = out.with_name(out.name + ".part")
+    before = part.read_bytes()
+    port = free_port()
+    refused = subprocess.run(
+        [*CMD, "receive", "--listen", f"127.0.0.1:{port}", "-o", str(out), "--key", str(key)], capture_output=True
+    )
+    assert refused.returncode == 2 and b"add --resume" in refused.stderr
+    assert part.read_bytes() == before
+    recv = receiver(port, out, key, "--resume")
+    send = sender(port, key, "--resume", make_token(half, key.read_bytes()))
+    (sent, send_err), (code, err) = finish(send, recv)
+    assert sent == 0 and code == 0, (send_err, err)
+    assert_complete(out)
