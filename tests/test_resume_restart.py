@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import io
 import os
+import re
 import signal
 import subprocess
 import time
@@ -18,7 +19,8 @@ from array import array
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, boundaries
+from conftest import FIXTURES, boundaries, btrfs_loop, need_root_btrfs
+from test_extract import differences
 from test_resume import DATA, SAMPLE, SHA, Proxy
 from test_transport import CMD, free_port
 
@@ -258,3 +260,35 @@ def test_receive_keeps_an_unfinished_transfer_until_told_to_resume(key: Path, tm
     (sent, send_err), (code, err) = finish(send, recv)
     assert sent == 0 and code == 0, (send_err, err)
     assert_complete(out)
+
+
+@pytest.mark.btrfs
+def test_a_btrfs_receive_child_across_cuts_ends_with_the_same_subvolume(key: Path) -> None:
+    """`receive --exec 'btrfs receive DIR'` keeps one child across dropped connections."""
+    need_root_btrfs()
+    with btrfs_loop("512M") as mnt:
+        direct, via = mnt / "direct", mnt / "via"
+        direct.mkdir()
+        via.mkdir()
+        subprocess.run(["btrfs", "receive", "-f", str(SAMPLE), str(direct)], check=True, capture_output=True)
+        port = free_port()
+        cuts = [("c2s", 30_000, True), ("c2s", 150_000, False), ("s2c", 2, True), ("c2s", 90_000, True)]
+        proxy = Proxy(port, cuts)
+        recv = subprocess.Popen(
+            [*CMD, "receive", "--listen", f"127.0.0.1:{port}", "--key", str(key), "--exec", f"btrfs receive {via}"],
+            stderr=subprocess.PIPE,
+        )
+        send = sender(proxy.port, key)
+        try:
+            (sent, send_err), (code, err) = finish(send, recv)
+        finally:
+            for p in (send, recv):
+                p.kill()
+            proxy.close()
+        assert sent == 0 and code == 0, (send_err, err)
+        assert proxy.cuts == len(cuts)
+        (name,) = [p.name for p in direct.iterdir()]
+        assert differences(direct / name, via / name) == []
+        shown = [subprocess.run(["btrfs", "subvolume", "show", d / name], capture_output=True) for d in (direct, via)]
+        received = [re.search(rb"Received UUID:\s*(\S+)", s.stdout) for s in shown]
+        assert received[0] and received[1] and received[0].group(1) == received[1].group(1) != b"-"
