@@ -16,6 +16,7 @@ import signal
 import subprocess
 import time
 from array import array
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,18 +44,38 @@ def key(tmp_path: Path) -> Path:
     return path
 
 
-def receiver(port: int, out: Path, key: Path, *extra: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [*CMD, "receive", "--listen", f"127.0.0.1:{port}", "-o", str(out), "--key", str(key), "-v", *extra],
-        stderr=subprocess.PIPE,
-    )
+class Link:
+    """A receiver port behind a slow proxy, and every process started on it (killed at the end)."""
+
+    def __init__(self, key: Path, rate: float | None = RATE) -> None:
+        self.key = key
+        self.port = free_port()
+        self.proxy = Proxy(self.port, [], rate=rate)
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def _start(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        self.procs.append(subprocess.Popen([*CMD, *argv, "--key", str(self.key)], stderr=subprocess.PIPE))
+        return self.procs[-1]
+
+    def receiver(self, out: Path, *extra: str) -> subprocess.Popen[bytes]:
+        return self._start(["receive", "--listen", f"127.0.0.1:{self.port}", "-o", str(out), "-v", *extra])
+
+    def sender(self, *extra: str, direct: bool = False) -> subprocess.Popen[bytes]:
+        port = self.port if direct else self.proxy.port
+        return self._start(["send", "--resumable", "--to", f"127.0.0.1:{port}", str(SAMPLE), *RETRY, *extra])
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+        self.proxy.close()
 
 
-def sender(port: int, key: Path, *extra: str, source: Path = SAMPLE) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [*CMD, "send", "--resumable", "--to", f"127.0.0.1:{port}", str(source), "--key", str(key), *RETRY, *extra],
-        stderr=subprocess.PIPE,
-    )
+@pytest.fixture
+def link(key: Path) -> Iterator[Link]:
+    link = Link(key)
+    yield link
+    link.close()
 
 
 def state_of(out: Path) -> Path:
@@ -75,6 +96,12 @@ def checkpoint_after(out: Path, key: Path, offset: int = 1, timeout: float = 20)
     raise AssertionError(f"no checkpoint at offset >= {offset} in {timeout} s")
 
 
+def kill(*procs: subprocess.Popen[bytes]) -> None:
+    for proc in procs:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
 def finish(*procs: subprocess.Popen[bytes]) -> list[tuple[int, bytes]]:
     results = []
     for proc in procs:
@@ -88,44 +115,26 @@ def assert_complete(out: Path) -> None:
     assert not out.with_name(out.name + ".part").exists() and not state_of(out).exists()
 
 
-def test_a_killed_receiver_restarted_with_resume_takes_the_same_sender_back(key: Path, tmp_path: Path) -> None:
-    port, out = free_port(), tmp_path / "out.stream"
-    proxy = Proxy(port, [], rate=RATE)
-    first = receiver(port, out, key)
-    send = sender(proxy.port, key)
-    try:
-        checkpoint = checkpoint_after(out, key, 64 << 10)
-        first.send_signal(signal.SIGKILL)
-        first.wait()
-        assert 0 < checkpoint.offset < len(DATA)
-        again = receiver(port, out, key, "--resume")
-        (sent, send_err), (code, err) = finish(send, again)
-    finally:
-        for p in (first, send):
-            p.kill()
-        proxy.close()
+def test_a_killed_receiver_restarted_with_resume_takes_the_same_sender_back(link: Link, tmp_path: Path) -> None:
+    out = tmp_path / "out.stream"
+    first, send = link.receiver(out), link.sender()
+    checkpoint = checkpoint_after(out, link.key, 64 << 10)
+    kill(first)
+    assert 0 < checkpoint.offset < len(DATA)
+    (sent, send_err), (code, err) = finish(send, link.receiver(out, "--resume"))
     assert sent == 0 and code == 0, (send_err, err)
     assert f"resuming {out} at offset".encode() in err
     assert b"resumed after" in send_err
     assert_complete(out)
 
 
-def test_a_killed_sender_started_again_with_the_token_sends_only_the_rest(key: Path, tmp_path: Path) -> None:
-    port, out = free_port(), tmp_path / "out.stream"
-    proxy = Proxy(port, [], rate=RATE)
-    recv = receiver(port, out, key, "--reconnect-timeout", "60")
-    first = sender(proxy.port, key)
-    try:
-        checkpoint = checkpoint_after(out, key, 100 << 10)
-        first.send_signal(signal.SIGKILL)
-        first.wait()
-        token = state_of(out).read_text().strip()
-        again = sender(proxy.port, key, "--resume", token)
-        (sent, send_err), (code, err) = finish(again, recv)
-    finally:
-        for p in (recv, first):
-            p.kill()
-        proxy.close()
+def test_a_killed_sender_started_again_with_the_token_sends_only_the_rest(link: Link, tmp_path: Path) -> None:
+    out = tmp_path / "out.stream"
+    recv, first = link.receiver(out, "--reconnect-timeout", "60"), link.sender()
+    checkpoint = checkpoint_after(out, link.key, 100 << 10)
+    kill(first)
+    token = state_of(out).read_text().strip()
+    (sent, send_err), (code, err) = finish(link.sender("--resume", token), recv)
     assert sent == 0 and code == 0, (send_err, err)
     # the receiver was still running and had more than the token: the new sender caught up to it
     resumed_at = int(send_err.split(b"resumed at offset ")[1].split(b";")[0].split()[0])
@@ -133,29 +142,19 @@ def test_a_killed_sender_started_again_with_the_token_sends_only_the_rest(key: P
     assert_complete(out)
 
 
-def test_both_killed_then_both_resume_from_the_receivers_token(key: Path, tmp_path: Path) -> None:
-    port, out = free_port(), tmp_path / "out.stream"
-    proxy = Proxy(port, [], rate=RATE)
-    recv, send = receiver(port, out, key), sender(proxy.port, key)
-    try:
-        checkpoint_after(out, key, 64 << 10)
-        for p in (send, recv):
-            p.send_signal(signal.SIGKILL)
-            p.wait()
-        part = out.with_name(out.name + ".part")
-        part_size = part.stat().st_size
-        recv = receiver(port, out, key, "--resume")
-        assert recv.stderr is not None
-        line = recv.stderr.readline() + recv.stderr.readline()
-        token = line.split(b"--resume ")[1].split()[0].decode()
-        checkpoint = read_token(token, key.read_bytes())
-        assert checkpoint.offset <= part_size  # what the killed receiver wrote past it is cut off
-        send = sender(port, key, "--resume", token)  # straight to the receiver this time
-        (sent, send_err), (code, err) = finish(send, recv)
-    finally:
-        for p in (recv, send):
-            p.kill()
-        proxy.close()
+def test_both_killed_then_both_resume_from_the_receivers_token(link: Link, tmp_path: Path) -> None:
+    out = tmp_path / "out.stream"
+    recv, send = link.receiver(out), link.sender()
+    checkpoint_after(out, link.key, 64 << 10)
+    kill(send, recv)
+    part_size = out.with_name(out.name + ".part").stat().st_size
+    recv = link.receiver(out, "--resume")
+    assert recv.stderr is not None
+    said = recv.stderr.readline() + recv.stderr.readline()
+    token = said.split(b"--resume ")[1].split()[0].decode()
+    checkpoint = read_token(token, link.key.read_bytes())
+    assert checkpoint.offset <= part_size  # what the killed receiver wrote past it is cut off
+    (sent, send_err), (code, err) = finish(link.sender("--resume", token, direct=True), recv)
     assert sent == 0 and code == 0, (send_err, err)
     assert f"resumed at offset {checkpoint.offset}".encode() in send_err
     assert_complete(out)
@@ -239,7 +238,7 @@ def test_the_ledger_needs_a_command_boundary_and_enough_stream() -> None:
         short.finish()
 
 
-def test_receive_keeps_an_unfinished_transfer_until_told_to_resume(key: Path, tmp_path: Path) -> None:
+def test_receive_keeps_an_unfinished_transfer_until_told_to_resume(key: Path, link: Link, tmp_path: Path) -> None:
     out = tmp_path / "out.stream"
     half = full_checkpoint(DATA, upto=next(o for o in boundaries(DATA) if o > len(DATA) // 2))
     journal = Journal(str(out), key.read_bytes())
@@ -249,14 +248,14 @@ def test_receive_keeps_an_unfinished_transfer_until_told_to_resume(key: Path, tm
     journal.close()
     part = out.with_name(out.name + ".part")
     before = part.read_bytes()
-    port = free_port()
     refused = subprocess.run(
-        [*CMD, "receive", "--listen", f"127.0.0.1:{port}", "-o", str(out), "--key", str(key)], capture_output=True
+        [*CMD, "receive", "--listen", f"127.0.0.1:{free_port()}", "-o", str(out), "--key", str(key)],
+        capture_output=True,
     )
     assert refused.returncode == 2 and b"add --resume" in refused.stderr
     assert part.read_bytes() == before
-    recv = receiver(port, out, key, "--resume")
-    send = sender(port, key, "--resume", make_token(half, key.read_bytes()))
+    recv = link.receiver(out, "--resume")
+    send = link.sender("--resume", make_token(half, key.read_bytes()), direct=True)
     (sent, send_err), (code, err) = finish(send, recv)
     assert sent == 0 and code == 0, (send_err, err)
     assert_complete(out)
@@ -278,7 +277,10 @@ def test_a_btrfs_receive_child_across_cuts_ends_with_the_same_subvolume(key: Pat
             [*CMD, "receive", "--listen", f"127.0.0.1:{port}", "--key", str(key), "--exec", f"btrfs receive {via}"],
             stderr=subprocess.PIPE,
         )
-        send = sender(proxy.port, key)
+        send = subprocess.Popen(
+            [*CMD, "send", "--resumable", "--to", f"127.0.0.1:{proxy.port}", str(SAMPLE), "--key", str(key), *RETRY],
+            stderr=subprocess.PIPE,
+        )
         try:
             (sent, send_err), (code, err) = finish(send, recv)
         finally:
