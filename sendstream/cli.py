@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, TYPE_CHECKING, Any, BinaryIO
 
 import click
@@ -47,21 +47,77 @@ def _max_size_option(f: Any) -> Any:
     )(f)
 
 
-def _tls_options(f: Any) -> Any:
-    f = click.option("--identity", default="sendstream", show_default=True, help="Name of the pre-shared key.")(f)
+def _tls_options(leg: str = "", of: str = "") -> Callable[[Any], Any]:
+    """--tls, --key and --identity; for a leg of a relay --LEG-tls, --LEG-key and --LEG-identity
+    (parameters LEG_mode, LEG_key_file, LEG_identity), whose help ends with ``of``."""
+    flag, name = (f"--{leg}-", f"{leg}_") if leg else ("--", "")
+
+    def decorate(f: Any) -> Any:
+        f = click.option(
+            f"{flag}identity",
+            f"{name}identity",
+            default="sendstream",
+            show_default=True,
+            help=f"Name of the pre-shared key{of}.",
+        )(f)
+        f = click.option(
+            f"{flag}key",
+            f"{name}key_file",
+            type=click.Path(dir_okay=False),
+            help=f"Pre-shared key file{of} (PEM, else raw bytes); without it, a password is asked on the terminal.",
+        )(f)
+        return click.option(
+            f"{flag}tls",
+            f"{name}mode",
+            type=click.Choice(TLS_MODES),
+            default=DEFAULT_TLS_MODE,
+            show_default=True,
+            help=f"TLS version and cipher{of}; 'none' is raw TCP (only when asked).",
+        )(f)
+
+    return decorate
+
+
+def _sender_options(f: Any) -> Any:
+    """--retries, --retry-delay, --timeout and --resumable of a sending end."""
     f = click.option(
-        "--key",
-        "key_file",
-        type=click.Path(dir_okay=False),
-        help="Pre-shared key file (PEM, else raw bytes); without it, a password is asked on the terminal.",
+        "--resumable",
+        is_flag=True,
+        help="Run a session that survives dropped connections (needs a sendstream receiver; ~1/3 slower).",
+    )(f)
+    f = click.option(
+        "--timeout",
+        type=click.FloatRange(min=0.1),
+        default=60.0,
+        show_default=True,
+        metavar="SECONDS",
+        help="A connection that makes no progress this long counts as dropped.",
+    )(f)
+    f = click.option(
+        "--retry-delay",
+        type=click.FloatRange(min=0),
+        default=1.0,
+        show_default=True,
+        metavar="SECONDS",
+        help="Wait before the second attempt; doubles with each further one (at most 30 s).",
     )(f)
     return click.option(
-        "--tls",
-        "mode",
-        type=click.Choice(TLS_MODES),
-        default=DEFAULT_TLS_MODE,
+        "--retries",
+        type=click.IntRange(min=0),
+        default=5,
         show_default=True,
-        help="TLS version and cipher; 'none' is raw TCP (only when asked).",
+        help="Connection attempts after a drop (or before the first connection), per outage.",
+    )(f)
+
+
+def _reconnect_timeout_option(f: Any) -> Any:
+    return click.option(
+        "--reconnect-timeout",
+        type=click.FloatRange(min=0),
+        default=300.0,
+        show_default=True,
+        metavar="SECONDS",
+        help="After a drop, how long to wait for the sender to come back.",
     )(f)
 
 
@@ -113,7 +169,7 @@ def dump(stream: str, as_json: bool, strict: bool, max_command_size: int | None)
 @click.option("--keep-going", is_flag=True, help="Report every problem, not only the first.")
 @click.option("--scan", is_flag=True, help="Only list every stream header in STREAM, wherever it is.")
 @click.option("--from-socket", "address", metavar="HOST:PORT", help="Listen there and verify what one sender sends.")
-@_tls_options
+@_tls_options()
 @click.option("-q", "--quiet", is_flag=True, help="No summary line.")
 @click.option("-v", "--verbose", is_flag=True, help="Say which verifier and CRC implementation ran.")
 @_max_size_option
@@ -277,7 +333,7 @@ def _verify_from_socket(
     max_command_size: int | None,
     verbose: bool,
 ) -> Report:
-    with _accepted(address, mode, _psk(mode, key_file, identity), identity, verbose) as session:
+    with _accepted(address, mode, _psk(mode, key_file, identity), identity, _logger(verbose)) as session:
         report = verify_file(session, keep_going=keep_going, max_command_size=max_command_size)  # type: ignore[arg-type]
         first = report.problems[0] if report.problems else None
         session.answer(report.exit_code, str(first) if first else "ok")
@@ -290,7 +346,7 @@ def _accepted(
     mode: str,
     key: bytes | None,
     identity: str,
-    verbose: bool,
+    log: Callable[[str], object],
     *,
     reconnect_timeout: float | None = None,
     timeout: float = 30.0,
@@ -301,7 +357,8 @@ def _accepted(
     With ``reconnect_timeout`` the sender may reconnect after a drop (and a
     first connection cut before its session started is waited for again); on
     an error the sender is told before raising. With ``resume`` the session
-    starts where that checkpoint of a stopped receiver stands.
+    starts where that checkpoint of a stopped receiver stands. ``log`` hears
+    which TLS path each direction took, and every reconnect.
     """
     from .session import SessionReceiver, transient
     from .tls import accept_channel
@@ -312,10 +369,6 @@ def _accepted(
 
     def accept(sock: Any) -> Channel:
         return accept_channel(sock, mode, keys, handshake_timeout=timeout)
-
-    def log(text: str) -> None:
-        if verbose:
-            click.echo(f"sendstream: {text}", err=True)
 
     with listen(host, port) as server:
         while True:
@@ -340,8 +393,7 @@ def _accepted(
                 if reconnect_timeout is None or not transient(exc):
                     raise
                 log(f"a first connection failed before its session started: {exc}")
-        if verbose:
-            click.echo(f"sendstream: {channel.describe()}", err=True)
+        log(channel.describe())
         try:
             yield session
         except e.SendStreamError as exc:
@@ -397,19 +449,54 @@ def repair(source: str, target: str, keep_last: bool, quiet: bool, max_command_s
         )
 
 
-def _psk(mode: str, key_file: str | None, identity: str) -> bytes | None:
+def _psk(mode: str, key_file: str | None, identity: str, leg: str = "") -> bytes | None:
+    """The key of ``--tls``/``--key``/``--identity`` (of a relay's ``leg``): the file, else a password asked."""
     import getpass
 
     from .tls import derive_key, load_key
 
+    flag = f"--{leg}-" if leg else "--"
     if mode == "none":
-        click.echo("sendstream: warning: --tls none: the stream crosses the network unencrypted", err=True)
+        click.echo(f"sendstream: warning: {flag}tls none: the stream crosses the network unencrypted", err=True)
         return None
     if key_file:
         return load_key(key_file)
     if not sys.stdin.isatty() and not os.path.exists("/dev/tty"):
-        raise e.UsageError("no --key and no terminal to ask for a password")
-    return derive_key(getpass.getpass(f"password for {identity!r}: "), identity)
+        raise e.UsageError(f"no {flag}key and no terminal to ask for a password")
+    return derive_key(getpass.getpass(f"password for {identity!r}{f' (--{leg})' if leg else ''}: "), identity)
+
+
+def _logger(verbose: bool, prefix: str = "") -> Callable[[str], object]:
+    """Where -v messages go: stderr, after ``prefix`` (a relay's leg); nowhere without -v."""
+
+    def log(text: str) -> None:
+        if verbose:
+            click.echo(f"sendstream: {prefix}{text}", err=True)
+
+    return log
+
+
+def _connector(
+    target: str, mode: str, key: bytes | None, identity: str, timeout: float, log: Callable[[str], object]
+) -> Callable[[], Channel]:
+    """A new channel to ``target`` (TCP connect and handshake) on every call; the first is described to ``log``."""
+    from .tls import connect_channel
+    from .transport import connect, parse_address
+
+    host, port = parse_address(target)
+    shown = False
+
+    def connect_once() -> Channel:
+        nonlocal shown
+        sock = connect(host, port, timeout=timeout)
+        sock.settimeout(timeout)
+        channel = connect_channel(sock, mode, key, identity, handshake_timeout=timeout)
+        if not shown:
+            shown = True
+            log(channel.describe())
+        return channel
+
+    return connect_once
 
 
 def _quiet_progress(label: str, quiet: bool) -> Progress:
@@ -421,35 +508,8 @@ def _quiet_progress(label: str, quiet: bool) -> Progress:
 @cli.command()
 @click.option("--to", "target", required=True, metavar="HOST:PORT", help="Where a `sendstream receive` listens.")
 @click.argument("stream", default="-")
-@_tls_options
-@click.option(
-    "--retries",
-    type=click.IntRange(min=0),
-    default=5,
-    show_default=True,
-    help="Connection attempts after a drop (or before the first connection), per outage.",
-)
-@click.option(
-    "--retry-delay",
-    type=click.FloatRange(min=0),
-    default=1.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Wait before the second attempt; doubles with each further one (at most 30 s).",
-)
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0.1),
-    default=60.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="A connection that makes no progress this long counts as dropped.",
-)
-@click.option(
-    "--resumable",
-    is_flag=True,
-    help="Run a session that survives dropped connections (needs a sendstream receiver; ~1/3 slower).",
-)
+@_tls_options()
+@_sender_options
 @click.option(
     "--resume",
     "token",
@@ -484,8 +544,7 @@ def send(
     checked against the token up to the token's offset, and only the rest
     is sent.
     """
-    from .tls import connect_channel
-    from .transport import connect, parse_address, send_resumable, send_stream
+    from .transport import send_resumable, send_stream
 
     key = _psk(mode, key_file, identity)
     checkpoint = None
@@ -493,23 +552,9 @@ def send(
         from .resume import read_token
 
         checkpoint = read_token(token, key)
-    host, port = parse_address(target)
-    shown = False
 
-    def connect_once() -> Channel:
-        nonlocal shown
-        sock = connect(host, port, timeout=timeout)
-        sock.settimeout(timeout)
-        channel = connect_channel(sock, mode, key, identity, handshake_timeout=timeout)
-        if verbose and not shown:
-            shown = True
-            click.echo(f"sendstream: {channel.describe()}", err=True)
-        return channel
-
-    def log(text: str) -> None:
-        if verbose:
-            click.echo(f"sendstream: {text}", err=True)
-
+    log = _logger(verbose)
+    connect_once = _connector(target, mode, key, identity, timeout, log)
     with open_input(stream) as source:
         progress = _quiet_progress("sent", quiet)
         if not resumable and checkpoint is None:
@@ -527,15 +572,8 @@ def send(
 @click.option("--listen", "address", required=True, metavar="HOST:PORT", help="Address to listen on ('*:PORT': all).")
 @click.option("-o", "--output", default=None, metavar="FILE", help="Write the stream to FILE (- for stdout).")
 @click.option("--exec", "command", default=None, metavar="CMD", help="Write the stream to the stdin of CMD.")
-@_tls_options
-@click.option(
-    "--reconnect-timeout",
-    type=click.FloatRange(min=0),
-    default=300.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="After a drop, how long to wait for the sender to come back.",
-)
+@_tls_options()
+@_reconnect_timeout_option
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0.1),
@@ -595,7 +633,14 @@ def receive(
         assert output
         refuse_unfinished(output)
     accepted = _accepted(
-        address, mode, key, identity, verbose, reconnect_timeout=reconnect_timeout, timeout=timeout, resume=checkpoint
+        address,
+        mode,
+        key,
+        identity,
+        _logger(verbose),
+        reconnect_timeout=reconnect_timeout,
+        timeout=timeout,
+        resume=checkpoint,
     )
     with accepted as session:
         progress = _quiet_progress("received", quiet)
@@ -675,6 +720,75 @@ def _receive_into_child(session: SessionReceiver, command: str, progress: Progre
     if code:
         raise e.ChildFailed(f"{command!r} exited with status {code}")
     return summary
+
+
+@cli.command()
+@click.option(
+    "--listen", "address", required=True, metavar="HOST:PORT", help="Where the sender connects ('*:PORT': all)."
+)
+@click.option("--to", "target", required=True, metavar="HOST:PORT", help="Where a `sendstream receive` listens.")
+@_tls_options("listen", " of the sender's leg (--listen)")
+@_tls_options("to", " of the receiver's leg (--to)")
+@_sender_options
+@_reconnect_timeout_option
+@click.option("-q", "--quiet", is_flag=True, help="No progress and no summary.")
+@click.option("-v", "--verbose", is_flag=True, help="Say which TLS path each leg uses, and every reconnect.")
+def relay(
+    address: str,
+    target: str,
+    listen_mode: str,
+    listen_key_file: str | None,
+    listen_identity: str,
+    to_mode: str,
+    to_key_file: str | None,
+    to_identity: str,
+    retries: int,
+    retry_delay: float,
+    timeout: float,
+    resumable: bool,
+    reconnect_timeout: float,
+    quiet: bool,
+    verbose: bool,
+) -> None:
+    """Accept one sender on --listen and send its stream on to --to, checking and
+    healing every command in between.
+
+    Each leg has its own TLS mode, key and identity: re-encrypt, change the
+    mode, rotate keys. The sender's leg takes what `receive` takes (a
+    `send --resumable` reconnects into the relay after a drop); the other
+    leg sends as `send` does (--resumable, --retries, --retry-delay,
+    --timeout, which also bounds the sender's handshake). The sender hears
+    success only once the receiver reported it, and the receiver's failure
+    otherwise.
+    """
+    from .relay import relay_stream
+
+    listen_key = _psk(listen_mode, listen_key_file, listen_identity, "listen")
+    to_key = _psk(to_mode, to_key_file, to_identity, "to")
+    log = _logger(verbose, "downstream: ")
+    connect = _connector(target, to_mode, to_key, to_identity, timeout, log)
+    accepted = _accepted(
+        address,
+        listen_mode,
+        listen_key,
+        listen_identity,
+        _logger(verbose, "upstream: "),
+        reconnect_timeout=reconnect_timeout,
+        timeout=timeout,
+    )
+    with accepted as session:
+        summary = relay_stream(
+            session,
+            connect,
+            _quiet_progress("relayed", quiet),
+            resumable=resumable,
+            retries=retries,
+            retry_delay=retry_delay,
+            log=log,
+        )
+        session.answer(0, "ok", linger=min(reconnect_timeout, 60.0))
+    if not quiet:
+        click.echo(f"sendstream: {summary.line('relayed')}", err=True)
 
 
 @cli.command()

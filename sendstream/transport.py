@@ -20,6 +20,7 @@ from . import errors as e
 from .decoder import Framer
 from .files import file_events, is_regular
 from .repair import Healer
+from .session import parse_status
 from .tls import Channel
 
 if TYPE_CHECKING:
@@ -166,12 +167,11 @@ def send_stream(source: BinaryIO, channel: Channel, progress: Progress) -> Summa
     for event in file_events(source, Framer(), healer.batch):
         healer.event(event)
     channel.shutdown_write()
-    status = _read_status(channel)
+    code, message = read_status(channel)
     progress.done()
-    summary = Summary(healer.written, progress.seconds, channel.describe(), len(healer.restarts), status)
-    code, _, message = status.partition(" ")
-    if code and code != "0":
-        raise e.RemoteError(f"the receiver failed: {message}", int(code) if code.isdigit() else e.EXIT_CORRUPT)
+    summary = Summary(healer.written, progress.seconds, channel.describe(), len(healer.restarts), f"{code} {message}")
+    if code:
+        raise e.RemoteError(f"the receiver failed: {message}", code)
     return summary
 
 
@@ -267,7 +267,8 @@ def receive_resumable(
     )
 
 
-def _read_status(channel: Channel) -> str:
+def read_status(channel: Channel) -> tuple[int, str]:
+    """The receiver's status line after the end of the stream: ``(code, message)``; ``(0, "")`` when it sends none."""
     buf = bytearray(4096)
     got = bytearray()
     with memoryview(buf) as mv:
@@ -277,8 +278,8 @@ def _read_status(channel: Channel) -> str:
                 break
             got += mv[:n]
     if not got.startswith(STATUS_PREFIX):
-        return ""  # a peer that is not sendstream (stunnel into a file, openssl)
-    return got[len(STATUS_PREFIX) :].split(b"\n", 1)[0].decode("utf-8", "replace")
+        return 0, ""  # a peer that is not sendstream (stunnel into a file, openssl)
+    return parse_status(bytes(got).split(b"\n", 1)[0])
 
 
 def receive_stream(channel: Channel, write: Callable[[Any], object], progress: Progress) -> Summary:

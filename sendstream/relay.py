@@ -1,0 +1,128 @@
+"""Relaying a stream from one network leg to another, checking and healing every command in between.
+
+The upstream leg is what ``sendstream receive`` accepts: a
+:class:`~sendstream.session.SessionReceiver` (a session that survives drops,
+or a raw stream). Every command is checked, and a restarted stream healed,
+on the batch path of ``receive`` (:func:`~sendstream.transport.receive_resumable`)
+before it is handed downstream: nothing unverified leaves. The downstream
+leg sends as ``sendstream send`` does: the plain stream through one channel
+(:class:`PlainSender`), or a :class:`~sendstream.session.SessionSender` that
+reconnects. Each leg has its own channel, so its own TLS mode and key.
+
+:func:`relay_stream` returns only once the downstream receiver reported
+success, so the caller answers upstream with the downstream result; a
+downstream failure raises :class:`DownstreamFailed` with the downstream
+receiver's message and exit code. A byte is acknowledged upstream once it is
+handed downstream (sent, or held in the session sender's window), so memory
+stays at the upstream input window plus that window (64 MiB).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+from . import errors as e
+from .session import WINDOW_SIZE, SessionReceiver, SessionSender, _close
+from .tls import Channel
+from .transport import Progress, Summary, read_status, receive_resumable
+
+
+class DownstreamFailed(e.RemoteError):
+    """The downstream leg failed: its receiver reported a failure, or the connection could not go on."""
+
+
+class Downstream(Protocol):
+    """A sending leg: :class:`PlainSender` or a :class:`~sendstream.session.SessionSender`."""
+
+    describe: str
+    reconnects: int
+    resent: int
+
+    def write(self, data: Any) -> None: ...
+
+    def finish(self) -> tuple[int, str]: ...
+
+    def abort(self, reason: str | None = None) -> None: ...
+
+
+class PlainSender:
+    """The plain downstream leg: the stream through one channel as it is, then the receiver's status."""
+
+    reconnects = 0
+    resent = 0
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+        self.describe = channel.describe()
+
+    def write(self, data: Any) -> None:
+        self._channel.send_all(data)
+
+    def finish(self) -> tuple[int, str]:
+        """End the stream (TLS: close_notify) and wait for the receiver's status."""
+        with self._channel:
+            self._channel.shutdown_write()
+            return read_status(self._channel)
+
+    def abort(self, reason: str | None = None) -> None:
+        """Cut the connection without close_notify: the receiver sees a truncated stream (no room for ``reason``)."""
+        _close(self._channel)
+
+
+@contextlib.contextmanager
+def _downstream_errors() -> Iterator[None]:
+    """Name a failure of the downstream leg as such, keeping its exit code."""
+    try:
+        yield
+    except DownstreamFailed:
+        raise
+    except (e.SendStreamError, OSError) as exc:
+        code = exc.exit_code if isinstance(exc, e.SendStreamError) else e.EXIT_IO
+        raise DownstreamFailed(f"downstream: {exc}", code) from exc
+
+
+def relay_stream(
+    session: SessionReceiver,
+    connect: Callable[[], Channel],
+    progress: Progress,
+    *,
+    resumable: bool = False,
+    retries: int = 5,
+    retry_delay: float = 1.0,
+    window: int = WINDOW_SIZE,
+    log: Callable[[str], object] | None = None,
+) -> Summary:
+    """Check and heal every command ``session`` brings and send it on through ``connect()``'s channels.
+
+    Returns once the downstream receiver reported success. On an upstream
+    error the downstream leg is aborted (a session sender tells its receiver
+    why) and the error raised; on a downstream one, :class:`DownstreamFailed`.
+    """
+    downstream: Downstream
+    with _downstream_errors():
+        if resumable:
+            downstream = SessionSender(connect, retries=retries, retry_delay=retry_delay, window=window, log=log)
+        else:
+            downstream = PlainSender(connect())
+
+    def write(data: Any) -> None:
+        with _downstream_errors():
+            downstream.write(data)
+
+    try:
+        summary = receive_resumable(session, write, progress)
+        with _downstream_errors():
+            code, message = downstream.finish()
+    except BaseException as exc:
+        upstream_error = isinstance(exc, e.SendStreamError) and not isinstance(exc, DownstreamFailed)
+        with contextlib.suppress(Exception):
+            downstream.abort(str(exc) if upstream_error else None)
+        raise
+    if code:
+        raise DownstreamFailed(f"downstream: the receiver failed: {message}", code)
+    summary.path = f"upstream: {summary.path}; downstream: {downstream.describe}"
+    summary.reconnects += downstream.reconnects
+    summary.resent = downstream.resent
+    return summary
