@@ -122,6 +122,7 @@ def relay_stream(
         raise
     if code:
         raise DownstreamFailed(f"downstream: the receiver failed: {message}", code)
+    summary.seconds = progress.seconds
     summary.path = f"upstream: {summary.path}; downstream: {downstream.describe}"
     summary.reconnects += downstream.reconnects
     summary.resent = downstream.resent

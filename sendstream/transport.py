@@ -164,9 +164,13 @@ def send_stream(source: BinaryIO, channel: Channel, progress: Progress) -> Summa
                 progress.add(sent)
 
     healer = Healer(write, copy_range=copy_range)
-    for event in file_events(source, Framer(), healer.batch):
-        healer.event(event)
-    channel.shutdown_write()
+    try:
+        for event in file_events(source, Framer(), healer.batch):
+            healer.event(event)
+        channel.shutdown_write()
+    except OSError:
+        _raise_status(channel)  # the receiver stopped reading: its status says why
+        raise
     code, message = read_status(channel)
     progress.done()
     summary = Summary(healer.written, progress.seconds, channel.describe(), len(healer.restarts), f"{code} {message}")
@@ -272,7 +276,7 @@ def read_status(channel: Channel) -> tuple[int, str]:
     buf = bytearray(4096)
     got = bytearray()
     with memoryview(buf) as mv:
-        while len(got) < 4096:
+        while len(got) < 4096 and b"\n" not in got:
             n = channel.recv_into(mv)
             if not n:
                 break
@@ -280,6 +284,16 @@ def read_status(channel: Channel) -> tuple[int, str]:
     if not got.startswith(STATUS_PREFIX):
         return 0, ""  # a peer that is not sendstream (stunnel into a file, openssl)
     return parse_status(bytes(got).split(b"\n", 1)[0])
+
+
+def _raise_status(channel: Channel) -> None:
+    """Raise the failure a receiver reported before it closed on us, if it did."""
+    try:
+        code, message = read_status(channel)
+    except (OSError, e.SendStreamError):
+        return
+    if code:
+        raise e.RemoteError(f"the receiver failed: {message}", code)
 
 
 def receive_stream(channel: Channel, write: Callable[[Any], object], progress: Progress) -> Summary:
