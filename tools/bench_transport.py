@@ -10,6 +10,10 @@ Rows, measured in the same run, rounds interleaved, best wall time of ``--repeat
   command before writing it (send -> receive -> verify).  Both run with ``-v``
   (the TLS path each direction took is reported) and their summaries must
   count every byte of the stream.
+- the same with ``sendstream relay`` in the middle (send -> relay -> receive),
+  in ``tls13-aes128-gcm`` and ``none``: the same mode on both legs, another key
+  on each, so the relay decrypts, checks every command and encrypts again; its
+  throughput against the direct row of the same mode (target: within 25%).
 - reference *ssh*: ``cat FILE | ssh -c aes128-gcm@openssh.com root@127.0.0.1
   'btrfs receive --dump > /dev/null'`` against a private ``sshd`` started here
   (own config, host key, client key and port on 127.0.0.1; stopped at the end).
@@ -55,6 +59,8 @@ DEFAULT_STREAM = BENCH_DIR / "bigwrite.stream"
 QUICK_STREAM = BENCH_DIR / "metadata.stream"
 MODES = ("none", "tls12-aes128-gcm", "tls12-aes256-gcm", "tls13-aes128-gcm", "tls13-aes256-gcm")
 TLS13_MODE = "tls13-aes128-gcm"
+RELAY_MODES = (TLS13_MODE, "none")  # each also measured as send -> relay -> receive
+RELAY_TARGET = 0.75  # the relay's throughput against the direct transfer in the same mode
 SSH_CIPHER = "aes128-gcm@openssh.com"
 STUNNEL_SUITE = "TLS_AES_128_GCM_SHA256"
 SSH_LABEL = "cat -> ssh aes128-gcm -> btrfs receive --dump"
@@ -78,6 +84,7 @@ class Run:
     seconds: float
     send_cpu: float
     recv_cpu: float
+    relay_cpu: float = 0.0
 
 
 @dataclasses.dataclass
@@ -236,48 +243,75 @@ class Bench:
         self.key = tmp / "psk.key"
         self.key.write_bytes(secrets.token_bytes(32))
         self.key.chmod(0o600)
+        self.relay_key = tmp / "relay.key"  # the relay's downstream leg: another key
+        self.relay_key.write_bytes(secrets.token_bytes(32))
+        self.relay_key.chmod(0o600)
         self.sshd_proc: subprocess.Popen[bytes] | None = None
         self.sshd_port = 0
         self.made_run_sshd = False
 
     # --- sendstream --------------------------------------------------------
 
-    def run_sendstream(self, mode: str) -> tuple[Run, str]:
-        """``sendstream send`` -> ``sendstream receive -o /dev/null`` once; the run and the TLS paths."""
-        port = free_port()
-        key = [] if mode == "none" else ["--key", str(self.key)]
-        common = ["--tls", mode, *key, "-v"]  # no -q: the summaries' byte counts are checked
-        recv_log, send_log = self.tmp / "recv.log", self.tmp / "send.log"
-        recv_argv = [self.sendstream, "receive", "--listen", f"127.0.0.1:{port}", "-o", "/dev/null", *common]
-        send_argv = [self.sendstream, "send", "--to", f"127.0.0.1:{port}", str(self.stream), *common]
-        with open(recv_log, "wb") as rl, open(send_log, "wb") as sl:
-            recv = subprocess.Popen(
-                recv_argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=rl, env=self.env
-            )
-            try:
-                wait_listening(port, [recv], "sendstream receive")
-                t0 = time.perf_counter()
-                send = subprocess.Popen(
-                    send_argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sl, env=self.env
-                )
-                send_code, send_cpu = reap(send)
-                recv_code, recv_cpu = reap(recv)
-                elapsed = time.perf_counter() - t0
-            finally:
-                if recv.returncode is None:
-                    recv.kill()
-                    reap(recv, 5)
-        check([("sendstream send", send_code), ("sendstream receive", recv_code)], [send_log, recv_log])
+    def run_sendstream(self, mode: str, relay: bool = False) -> tuple[Run, str]:
+        """``sendstream send`` -> [``sendstream relay`` ->] ``sendstream receive -o /dev/null`` once; the run
+        and the TLS paths. The relay runs *mode* on both legs with another key on each (re-encrypts)."""
+        recv_port = free_port()
+        relay_port = free_port() if relay else recv_port
+        while relay and relay_port == recv_port:
+            relay_port = free_port()
+        downstream_key = self.relay_key if relay else self.key
+
+        def tls(key: pathlib.Path, leg: str = "") -> list[str]:
+            flag = f"--{leg}-" if leg else "--"
+            return [f"{flag}tls", mode] + ([] if mode == "none" else [f"{flag}key", str(key)])
+
+        # side, summary verb, argv, the port it listens on (0: none); no -q: the summaries' byte counts are checked
+        receive = ["receive", "--listen", f"127.0.0.1:{recv_port}", "-o", "/dev/null", *tls(downstream_key)]
+        sides = [("receive", "received", receive, recv_port)]
+        if relay:
+            legs = [*tls(self.key, "listen"), *tls(self.relay_key, "to")]
+            forward = ["relay", "--listen", f"127.0.0.1:{relay_port}", "--to", f"127.0.0.1:{recv_port}", *legs]
+            sides.append(("relay", "relayed", forward, relay_port))
+        send = ["send", "--to", f"127.0.0.1:{relay_port}", str(self.stream), *tls(self.key)]
+        sides.append(("send", "sent", send, 0))
+        logs = [self.tmp / f"{side}.log" for side, *_ in sides]
+        procs: list[subprocess.Popen[bytes]] = []
+        t0 = 0.0  # the sender's start
+        try:
+            for (side, _, argv, port), path in zip(sides, logs, strict=True):
+                if side == "send":
+                    t0 = time.perf_counter()
+                with open(path, "wb") as log_file:
+                    procs.append(
+                        subprocess.Popen(
+                            [self.sendstream, *argv, "-v"],
+                            stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL,
+                            stderr=log_file,
+                            env=self.env,
+                        )
+                    )
+                if port:
+                    wait_listening(port, procs[-1:], f"sendstream {side}")
+            results = [reap(proc) for proc in reversed(procs)][::-1]  # the sender ends first
+            elapsed = time.perf_counter() - t0
+        finally:
+            for proc in procs:
+                if proc.returncode is None:
+                    proc.kill()
+                    reap(proc, 5)
+        check([(f"sendstream {side}", code) for (side, *_), (code, _) in zip(sides, results, strict=True)], logs)
         size = self.stream.stat().st_size
         paths = []
-        for side, verb, path in (("send", "sent", send_log), ("receive", "received", recv_log)):
+        for (side, verb, *_), path in zip(sides, logs, strict=True):
             text = path.read_text(errors="replace")
             if f"sendstream: {verb} {size} bytes in " not in text:
                 raise BenchError(f"sendstream {side}: no '{verb} {size} bytes' summary:\n{text[-2000:]}")
             lines = [x for x in text.splitlines() if x.startswith("sendstream: ") and "warning" not in x]
             if lines:
                 paths.append(f"{side}: {lines[0].removeprefix('sendstream: ')}")
-        return Run(elapsed, send_cpu, recv_cpu), "; ".join(paths)
+        cpu = {side: used for (side, *_), (_, used) in zip(sides, results, strict=True)}
+        return Run(elapsed, cpu["send"], cpu["receive"], cpu.get("relay", 0.0)), "; ".join(paths)
 
     # --- ssh ---------------------------------------------------------------
 
@@ -517,15 +551,16 @@ def report(rows: list[Row], bench: Bench, skipped: dict[str, str], repeat: int, 
         out.append(f"- skipped `{mode}`: {why}")
     out += [
         "",
-        "| pipeline | seconds | MB/s | send CPU s/GiB | receive CPU s/GiB"
+        "| pipeline | seconds | MB/s | send CPU s/GiB | receive CPU s/GiB | relay CPU s/GiB"
         " | vs ssh | vs stunnel | vs stunnel > /dev/null |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         b = r.best
+        relay_cpu = f"{b.relay_cpu / gib:.2f}" if r.kind.startswith("relay ") else "-"
         out.append(
             f"| {r.label} | {b.seconds:.3f} | {size / b.seconds / 1e6:,.1f} | {b.send_cpu / gib:.2f} "
-            f"| {b.recv_cpu / gib:.2f} | {ratio(t_ssh, b.seconds)} | {ratio(t_stunnel, b.seconds)} "
+            f"| {b.recv_cpu / gib:.2f} | {relay_cpu} | {ratio(t_ssh, b.seconds)} | {ratio(t_stunnel, b.seconds)} "
             f"| {ratio(t_null, b.seconds)} |"
         )
     out += ["", "Negotiated:"]
@@ -543,6 +578,14 @@ def report(rows: list[Row], bench: Bench, skipped: dict[str, str], repeat: int, 
     if raw:
         rate = size / raw.best.seconds / 1e9
         out.append(f"- raw TCP (`--tls none`) >= 1 GB/s: {rate:.2f} GB/s -> {'met' if rate >= 1 else 'NOT met'}")
+    for mode in RELAY_MODES:
+        relayed, direct = by_label.get(relay_label(mode)), by_label.get(f"sendstream --tls {mode}")
+        if relayed and direct:
+            share = direct.best.seconds / relayed.best.seconds
+            out.append(
+                f"- relay within {1 - RELAY_TARGET:.0%} of direct (`--tls {mode}`): relay throughput {share:.2f}x"
+                f" the direct one -> {'met' if share >= RELAY_TARGET else 'NOT met'}"
+            )
     return "\n".join(out)
 
 
@@ -570,9 +613,15 @@ def bench_dir() -> Iterator[pathlib.Path]:
         yield pathlib.Path(tmp)
 
 
+def relay_label(mode: str) -> str:
+    """The row of ``send -> relay -> receive`` in *mode* (both legs)."""
+    return f"sendstream --tls {mode} -> relay -> receive"
+
+
 def measure(bench: Bench, modes: list[str], repeat: int) -> list[Row]:
     """Run every pipeline *repeat* times, rounds interleaved."""
     rows = [Row(f"sendstream --tls {m}", m) for m in modes]
+    rows += [Row(relay_label(m), f"relay {m}") for m in RELAY_MODES if m in modes]
     rows += [Row(SSH_LABEL, "ssh"), Row(STUNNEL_LABEL, "stunnel"), Row(STUNNEL_NULL_LABEL, "stunnel-null")]
     for rnd in range(1, repeat + 1):
         for row in rows:
@@ -581,11 +630,11 @@ def measure(bench: Bench, modes: list[str], repeat: int) -> list[Row]:
             elif row.kind.startswith("stunnel"):
                 run, row.note = bench.run_stunnel(dump=row.kind == "stunnel")
             else:
-                run, row.note = bench.run_sendstream(row.kind)
+                run, row.note = bench.run_sendstream(row.kind.removeprefix("relay "), row.kind.startswith("relay "))
             row.runs.append(run)
             log(
                 f"  [{rnd}/{repeat}] {row.label:<42} {run.seconds:8.3f} s"
-                f"  send {run.send_cpu:6.2f} s  recv {run.recv_cpu:6.2f} s CPU"
+                f"  send {run.send_cpu:6.2f} s  recv {run.recv_cpu:6.2f} s  relay {run.relay_cpu:6.2f} s CPU"
             )
     return rows
 
