@@ -20,7 +20,6 @@ from . import errors as e
 from .decoder import Framer
 from .files import file_events, is_regular
 from .repair import Healer
-from .session import parse_status
 from .tls import Channel
 
 if TYPE_CHECKING:
@@ -283,6 +282,8 @@ def read_status(channel: Channel) -> tuple[int, str]:
             got += mv[:n]
     if not got.startswith(STATUS_PREFIX):
         return 0, ""  # a peer that is not sendstream (stunnel into a file, openssl)
+    from .session import parse_status
+
     return parse_status(bytes(got).split(b"\n", 1)[0])
 
 
