@@ -106,6 +106,13 @@ def crafted(version: int, *commands: bytes) -> bytes:
     return encode_stream_header(version) + b"".join(commands) + END
 
 
+def key_file(path: Path) -> Path:
+    """A fresh 32-byte pre-shared key at ``path``, readable by its owner only."""
+    path.write_bytes(os.urandom(32))
+    path.chmod(0o600)
+    return path
+
+
 def need_btrfs_progs() -> None:
     if shutil.which("btrfs") is None:
         pytest.skip("btrfs-progs is not installed (apt-get install btrfs-progs); CI installs it")

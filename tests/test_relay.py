@@ -8,7 +8,6 @@ both legs through the fault-injecting proxy of ``test_resume``.
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 import subprocess
 import tempfile
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 from bench_transport import listening
-from conftest import boundaries
+from conftest import boundaries, key_file
 from test_resume import RECEIVER, SEED, SENDER, Proxy, plan
 from test_transport import CMD, SAMPLE, free_port, key, raw_sender, sender, tls_args
 
@@ -29,10 +28,7 @@ __all__ = ["key"]  # the fixture
 @pytest.fixture
 def other_key(tmp_path: Path) -> Path:
     """A second key: the legs do not share one."""
-    path = tmp_path / "other.key"
-    path.write_bytes(os.urandom(32))
-    path.chmod(0o600)
-    return path
+    return key_file(tmp_path / "other.key")
 
 
 def leg(name: str, mode: str, key: Path) -> list[str]:
