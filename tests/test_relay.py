@@ -22,6 +22,9 @@ from test_resume import RECEIVER, SEED, SENDER, Proxy, plan
 from test_transport import CMD, SAMPLE, free_port, key, raw_sender, sender, tls_args
 
 DATA = SAMPLE.read_bytes()
+# A sender that got the status and lost the connection before confirming it never comes back:
+# do not wait the default minute for it (as test_resume's RECEIVER).
+LINGER = ["--reconnect-timeout", "4"]
 __all__ = ["key"]  # the fixture
 
 
@@ -181,7 +184,7 @@ def test_resumable_on_both_legs_through_cuts(key: Path, other_key: Path, tmp_pat
         out = tmp_path / f"out-{i}.stream"
         relay = Relay(
             ["-o", str(out), "-v", *tls_args(downstream, other_key), *RECEIVER],
-            [*leg("listen", upstream, key), *leg("to", downstream, other_key), "--resumable", "-v", *SENDER],
+            [*leg("listen", upstream, key), *leg("to", downstream, other_key), "--resumable", "-v", *SENDER, *LINGER],
             plan(rng, 6, downstream),
         )
         into_relay = Proxy(relay.port, plan(rng, 6, upstream))
