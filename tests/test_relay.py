@@ -8,7 +8,9 @@ both legs through the fault-injecting proxy of ``test_resume``.
 from __future__ import annotations
 
 import hashlib
+import os
 import random
+import select
 import subprocess
 import tempfile
 import time
@@ -50,7 +52,14 @@ class Relay:
     """A receiver (``receive ARGS``) and ``relay ARGS`` into it, as processes; with ``faults``
     through a :class:`~test_resume.Proxy` that suffers them."""
 
-    def __init__(self, receive: list[str], relay: list[str], faults: list[tuple[Any, ...]] | None = None) -> None:
+    def __init__(
+        self,
+        receive: list[str],
+        relay: list[str],
+        faults: list[tuple[Any, ...]] | None = None,
+        *,
+        terminal: int | None = None,
+    ) -> None:
         self.receiver_port, self.port = free_port(), free_port()
         self.proxy = Proxy(self.receiver_port, faults) if faults is not None else None
         self.received = tempfile.TemporaryFile()  # noqa: SIM115 (a pipe would fill and block the receiver)
@@ -63,9 +72,12 @@ class Relay:
         to = self.proxy.port if self.proxy else self.receiver_port
         self.relay = subprocess.Popen(
             [*CMD, "relay", "--listen", f"127.0.0.1:{self.port}", "--to", f"127.0.0.1:{to}", *relay],
-            stderr=subprocess.PIPE,
+            stdin=terminal,
+            stderr=terminal or subprocess.PIPE,
+            start_new_session=terminal is not None,  # getpass then asks on stdin, the terminal
         )
-        wait_listening(self.port, self.relay)
+        if terminal is None:  # else it listens once given its passwords
+            wait_listening(self.port, self.relay)
 
     def finish(self) -> tuple[int, bytes, int, bytes, bytes]:
         """Relay exit code and stderr; receiver exit code, stdout and stderr."""
@@ -109,6 +121,50 @@ def test_a_key_of_the_other_leg_is_refused(key: Path, other_key: Path) -> None:
     code, relay_err, _, out, _ = relay.finish()
     assert sent.returncode == 6 and code == 6, (sent.stderr, relay_err)
     assert out == b""
+
+
+def test_a_password_is_asked_per_leg(tmp_path: Path) -> None:
+    """Without key files the relay asks on its terminal for the sender's leg's password, then the receiver's."""
+    from sendstream.tls import derive_key
+
+    up, down = tmp_path / "up.key", tmp_path / "down.key"
+    for path, password in ((up, "in secret"), (down, "out secret")):
+        path.write_bytes(derive_key(password, "sendstream"))
+        path.chmod(0o600)
+    master, terminal = os.openpty()
+    relay = Relay(["-o", "-", "--key", str(down)], [], terminal=terminal)
+    try:
+        os.close(terminal)
+        for prompt, answer in (
+            (b"password for 'sendstream' (--listen): ", b"in secret\n"),
+            (b"(--to): ", b"out secret\n"),
+        ):
+            shown = b""
+            while prompt not in shown:
+                assert select.select([master], [], [], 10)[0], f"no {prompt!r} on the terminal, only {shown!r}"
+                shown += os.read(master, 1024)
+            os.write(master, answer)
+        wait_listening(relay.port, relay.relay)
+        sent = sender("--to", f"127.0.0.1:{relay.port}", str(SAMPLE), "--key", str(up))
+        code, _, recv_code, out, recv_err = relay.finish()
+    finally:
+        os.close(master)
+        relay.relay.kill()
+        relay.receiver.kill()
+    assert sent.returncode == 0 and code == 0 and recv_code == 0, (sent.stderr, recv_err)
+    assert out == DATA
+
+
+def test_addresses_are_checked_before_anything_else() -> None:
+    """As send and receive: HOST:PORT, and every address ('*') only where the relay listens."""
+    for addresses, why in (
+        (["--listen", "nohost", "--to", "127.0.0.1:1"], b"expected HOST:PORT, got 'nohost'"),
+        (["--listen", "127.0.0.1:1", "--to", "*:7000"], b"'*' only makes sense with --listen"),
+    ):
+        result = subprocess.run(
+            [*CMD, "relay", *addresses, "--listen-tls", "none", "--to-tls", "none"], capture_output=True
+        )
+        assert result.returncode == 2 and why in result.stderr, result.stderr
 
 
 def test_the_relay_heals_a_restarted_stream(key: Path) -> None:
