@@ -727,8 +727,8 @@ def _receive_into_child(session: SessionReceiver, command: str, progress: Progre
     "--listen", "address", required=True, metavar="HOST:PORT", help="Where the sender connects ('*:PORT': all)."
 )
 @click.option("--to", "target", required=True, metavar="HOST:PORT", help="Where a `sendstream receive` listens.")
-@_tls_options("listen", " of the sender's leg (--listen)")
-@_tls_options("to", " of the receiver's leg (--to)")
+@_tls_options("listen", " of the sender's leg")
+@_tls_options("to", " of the receiver's leg")
 @_sender_options
 @_reconnect_timeout_option
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary.")
