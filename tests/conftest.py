@@ -113,6 +113,12 @@ def key_file(path: Path) -> Path:
     return path
 
 
+@pytest.fixture
+def key(tmp_path: Path) -> Path:
+    """A pre-shared key file of the test."""
+    return key_file(tmp_path / "psk.key")
+
+
 def need_btrfs_progs() -> None:
     if shutil.which("btrfs") is None:
         pytest.skip("btrfs-progs is not installed (apt-get install btrfs-progs); CI installs it")

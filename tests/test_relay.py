@@ -21,7 +21,7 @@ import pytest
 from bench_transport import listening
 from conftest import boundaries, key_file
 from test_resume import RECEIVER, SEED, SENDER, Proxy, plan
-from test_transport import CMD, SAMPLE, free_port, key, raw_sender, sender, tls_args
+from test_transport import CMD, SAMPLE, free_port, raw_sender, sender, tls_args
 
 from sendstream.tls import why_unavailable
 
@@ -29,7 +29,6 @@ DATA = SAMPLE.read_bytes()
 # A sender that got the status and lost the connection before confirming it never comes back:
 # do not wait the default minute for it (as test_resume's RECEIVER).
 LINGER = ["--reconnect-timeout", "4"]
-__all__ = ["key"]  # the fixture
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from conftest import FIXTURES
 from test_transport import CMD, free_port
 
@@ -189,14 +188,6 @@ def plan(rng: random.Random, n: int, mode: str) -> list[tuple[Any, ...]]:
 
 def tls(mode: str, key: Path) -> list[str]:
     return ["--tls", mode] if mode == "none" else ["--tls", mode, "--key", str(key)]
-
-
-@pytest.fixture
-def key(tmp_path: Path) -> Path:
-    path = tmp_path / "psk.key"
-    path.write_bytes(os.urandom(32))
-    path.chmod(0o600)
-    return path
 
 
 def faulty_transfer(

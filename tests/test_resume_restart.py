@@ -36,14 +36,6 @@ RATE = 80_000
 RETRY = ["-v", "--retries", "12", "--retry-delay", "0.1", "--timeout", "3"]
 
 
-@pytest.fixture
-def key(tmp_path: Path) -> Path:
-    path = tmp_path / "psk.key"
-    path.write_bytes(os.urandom(32))
-    path.chmod(0o600)
-    return path
-
-
 class Link:
     """A receiver port behind a slow proxy, and every process started on it (killed at the end)."""
 

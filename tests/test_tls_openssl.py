@@ -32,7 +32,7 @@ from test_tls import (
     sha,
     tcp_pair,
 )
-from test_transport import CMD, SAMPLE, key, sender, transfer  # noqa: F401 (key is a fixture)
+from test_transport import CMD, SAMPLE, sender, transfer
 
 from sendstream import openssl, tls
 
@@ -91,7 +91,7 @@ def expected_path() -> str:
     return "kernel" if kernel_tls() else "userspace"
 
 
-def test_our_send_to_our_receive(key: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_our_send_to_our_receive(key: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.stream"
     sent, (code, err) = transfer(MODE, key, out, SAMPLE.read_bytes())
     assert sent.returncode == 0, sent.stderr
@@ -152,7 +152,7 @@ def test_wrong_key_with_openssl_s_server(tmp_path: Path) -> None:
         tls.connect_channel(connect(port), MODE, KEY, IDENTITY)
 
 
-def test_wrong_key_fails_both_commands(key: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_wrong_key_fails_both_commands(key: Path, tmp_path: Path) -> None:
     other = tmp_path / "other.key"
     other.write_bytes(bytes(32))
     other.chmod(0o600)

@@ -25,14 +25,6 @@ def free_port(family: int = socket.AF_INET) -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def key(tmp_path: Path) -> Path:
-    path = tmp_path / "psk.key"
-    path.write_bytes(os.urandom(32))
-    path.chmod(0o600)
-    return path
-
-
 def receiver(*args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([*CMD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
