@@ -587,6 +587,7 @@ class SessionReceiver:
         self.reconnects = 0
         self._frame_left = 0
         self._done = False
+        self._failed: e.RemoteError | None = None
         self._incoming: queue.Queue[Channel] = queue.Queue()
         self._stop = threading.Event()
         self._send_lock = threading.Lock()
@@ -713,6 +714,8 @@ class SessionReceiver:
 
     def readinto(self, view: Any) -> int:
         view = memoryview(view).cast("B")
+        if self._failed is not None:
+            raise self._failed
         if self.raw:
             self.commit()
             n = self._buf.readinto(view)
@@ -729,9 +732,10 @@ class SessionReceiver:
                 self.commit()  # about to wait: what is written is verified
             try:
                 n = self._read_some(view[total:])
-            except e.RemoteError:
+            except e.RemoteError as exc:
                 if total:
-                    break  # after the data before it
+                    self._failed = exc  # raised by the next call, after the data before it
+                    break
                 raise
             except Exception as exc:
                 if not transient(exc) and not isinstance(exc, SessionError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import random
 import socket
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import FIXTURES
 from test_transport import CMD, free_port
 
@@ -365,3 +367,24 @@ def test_raw_stream_still_accepted(tmp_path: Path) -> None:
 
 
 _ = sys
+
+
+def test_a_sender_giving_up_right_after_data_is_reported_with_its_reason() -> None:
+    """An ``X`` frame that arrives with the data before it: the data first, then the sender's reason."""
+    from sendstream.errors import RemoteError
+    from sendstream.session import MAGIC, SessionReceiver
+    from sendstream.tls import PlainChannel
+
+    ours, theirs = socket.socketpair()
+    reason = b"input: offset 42: bad crc"
+    hello = MAGIC + b" 1 " + json.dumps({"stream": stream_identity(DATA[:65536])}).encode() + b"\n"
+    ours.sendall(hello + struct.pack(">cI", b"D", 1000) + DATA[:1000] + struct.pack(">cI", b"X", len(reason)) + reason)
+    session = SessionReceiver(PlainChannel(theirs))
+    try:
+        view = memoryview(bytearray(4096))
+        assert bytes(view[: session.readinto(view)]) == DATA[:1000]
+        with pytest.raises(RemoteError, match="the sender gave up: input: offset 42: bad crc"):
+            session.readinto(view)
+    finally:
+        session.close()
+        ours.close()
