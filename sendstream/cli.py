@@ -710,13 +710,18 @@ def _receive_into_child(session: SessionReceiver, command: str, progress: Progre
     child = subprocess.Popen(shlex.split(command), stdin=subprocess.PIPE)
     assert child.stdin is not None
     session.flush = child.stdin.flush
+    stopped_reading = False
     try:
         summary = receive_resumable(session, child.stdin.write, progress)
+    except BrokenPipeError:
+        stopped_reading = True
     finally:
         # nothing unchecked was written: on an error the child sees its input end early
         with contextlib.suppress(BrokenPipeError):
             child.stdin.close()
         code = child.wait()
+    if stopped_reading:
+        raise e.ChildFailed(f"{command!r} exited (status {code}) before it read the whole stream")
     if code:
         raise e.ChildFailed(f"{command!r} exited with status {code}")
     return summary

@@ -178,6 +178,18 @@ def test_a_failing_child_fails_both_sides(key: Path) -> None:
     assert sent.returncode == 7 and b"the receiver failed" in sent.stderr
 
 
+@pytest.mark.parametrize("resumable", [False, True])
+def test_a_child_that_stops_reading_fails_both_sides(key: Path, resumable: bool) -> None:
+    port = free_port()
+    child = "head -c 100"  # reads 100 bytes, exits 0
+    recv = receiver("receive", "--listen", f"127.0.0.1:{port}", "--key", str(key), "--exec", child)
+    extra = ["--resumable"] if resumable else []
+    sent = sender("--to", f"127.0.0.1:{port}", str(SAMPLE), "--key", str(key), *extra)
+    out, err = recv.communicate(timeout=60)
+    assert recv.returncode == 7 and b"exited (status 0) before it read the whole stream" in err, err
+    assert sent.returncode == 7 and b"before it read the whole stream" in sent.stderr, sent.stderr
+
+
 def test_addresses_are_checked() -> None:
     for bad in ("nohost", "host:", ":123", "host:99999"):
         assert sender("--to", bad, str(SAMPLE), "--tls", "none").returncode == 2, bad
