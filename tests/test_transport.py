@@ -185,7 +185,7 @@ def test_a_child_that_stops_reading_fails_both_sides(key: Path, resumable: bool)
     recv = receiver("receive", "--listen", f"127.0.0.1:{port}", "--key", str(key), "--exec", child)
     extra = ["--resumable"] if resumable else []
     sent = sender("--to", f"127.0.0.1:{port}", str(SAMPLE), "--key", str(key), *extra)
-    out, err = recv.communicate(timeout=60)
+    _, err = recv.communicate(timeout=60)
     assert recv.returncode == 7 and b"exited (status 0) before it read the whole stream" in err, err
     assert sent.returncode == 7 and b"before it read the whole stream" in sent.stderr, sent.stderr
 
