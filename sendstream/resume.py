@@ -315,9 +315,13 @@ class Journal:
         _fsync_dir(self.path)
 
     def close(self) -> None:
-        """Stop (on an error): the part and the state stay for ``--resume``."""
+        """Stop (on an error): the part and the state stay for ``--resume``; a part
+        with no checkpoint yet has nothing to resume from and goes."""
         with contextlib.suppress(OSError):
             self.file.close()
+        if self.checkpoint is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.part)
 
 
 class _Prefix:

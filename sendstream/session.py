@@ -376,7 +376,14 @@ class SessionSender:
         return self.status
 
     def abort(self, reason: str | None = None) -> None:
-        """Give up: tell the receiver why (an ``X`` frame) when the connection still works."""
+        """Give up: tell the receiver why (an ``X`` frame) when the connection still works,
+        or on a connection of its own when the stream failed before the first one."""
+        if reason is not None and self._channel is None and not self._sessions and self.status is None:
+            with contextlib.suppress(Exception):
+                self.identify()
+                self._channel = self._connect()
+                self._channel.send_all(self._hello())
+                ChannelBuffer(self._channel, 4096).readline()  # the receiver's answer
         if reason is not None and self._channel is not None and not self._dead:
             message = reason.encode("utf-8", "replace")[:4096]
             with contextlib.suppress(Exception):
@@ -411,6 +418,9 @@ class SessionSender:
                     ours += f" whose first {self.identity['prefix']} bytes differ"
                 raise ResumeError(f"this is not the stream the resume token is for: {ours}, not {theirs}")
         return self.identity
+
+    def _hello(self) -> bytes:
+        return _json_line(MAGIC + b" %d" % VERSION, {"stream": self.identity})
 
     def _open(self) -> None:
         self.identify()
@@ -465,8 +475,7 @@ class SessionSender:
     def _session(self, channel: Channel) -> None:
         """Hello, answer, resend (or the final status, from a receiver that finished)."""
         self.describe = channel.describe()
-        hello: dict[str, Any] = {"stream": self.identity}
-        channel.send_all(_json_line(MAGIC + b" %d" % VERSION, hello))
+        channel.send_all(self._hello())
         buf = ChannelBuffer(channel, 64 << 10)
         line = buf.readline()
         if line.startswith(STATUS_PREFIX):

@@ -44,12 +44,12 @@ def tls_args(mode: str, key: Path) -> list[str]:
 
 
 def transfer(
-    mode: str, key: Path, out: Path, data: bytes
+    mode: str, key: Path, out: Path, data: bytes, *extra: str
 ) -> tuple[subprocess.CompletedProcess[bytes], tuple[int, bytes]]:
     port = free_port()
     recv = receiver("receive", "--listen", f"127.0.0.1:{port}", "-o", str(out), *tls_args(mode, key))
     try:
-        sent = sender("--to", f"127.0.0.1:{port}", "-", *tls_args(mode, key), data=data)
+        sent = sender("--to", f"127.0.0.1:{port}", "-", *tls_args(mode, key), *extra, data=data)
         _, err = recv.communicate(timeout=60)
     finally:
         recv.kill()
@@ -79,13 +79,18 @@ def test_the_sender_heals_a_restarted_stream(key: Path, tmp_path: Path) -> None:
     assert b"1 restart healed" in sender.stderr
 
 
-def test_a_damaged_stream_never_leaves_the_sender(key: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("resumable", [[], ["--resumable"]])
+def test_a_damaged_stream_never_leaves_the_sender(key: Path, tmp_path: Path, resumable: list[str]) -> None:
+    """Damaged within the first 64 KiB: a resumable sender has not connected yet, and still tells the receiver."""
     data = bytearray(SAMPLE.read_bytes())
-    data[boundaries(bytes(data))[50] + 12] ^= 1
+    damaged = max(b for b in boundaries(bytes(data)) if b < 60_000)
+    data[damaged + 12] ^= 1
     out = tmp_path / "out.stream"
-    sender, (code, _) = transfer("tls13-aes128-gcm", key, out, bytes(data))
+    sender, (code, err) = transfer("tls13-aes128-gcm", key, out, bytes(data), *resumable)
     assert sender.returncode == 1 and b"crc32c mismatch" in sender.stderr
-    assert code != 0 and not out.exists()
+    assert code != 0 and not out.exists() and not list(tmp_path.glob("out.stream.part*"))
+    if resumable:
+        assert code == 1 and f"the sender gave up: offset {damaged}".encode() in err, err
 
 
 def test_wrong_key_fails_both_sides(key: Path, tmp_path: Path) -> None:
