@@ -683,6 +683,10 @@ def _receive_into_journal(
     from .resume import Journal
     from .transport import receive_resumable
 
+    import signal
+
+    # SIGTERM ends the transfer like an error: the token is printed, the journal kept
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     journal = Journal(output, key, checkpoint)
     try:
         summary = receive_resumable(session, journal.write, progress, journal)

@@ -26,7 +26,10 @@ receiver -> sender, lines
     channel) and are not sent again.
 
     ``ack V\\n``: V as it grows, at least every :data:`ACK_BYTES` of output
-    or :data:`ACK_SECONDS`, and every :data:`KEEPALIVE_SECONDS` anyway.
+    or :data:`ACK_SECONDS`, and every :data:`KEEPALIVE_SECONDS` anyway. A
+    receiver that keeps a journal (:mod:`sendstream.resume`) reports as V
+    only offsets it made durable, so a sender still holds what a restarted
+    receiver may have lost.
 
     ``sendstream-status CODE MESSAGE\\n``: the end (CODE 0: the whole stream
     was verified and written). After a status the sender closes its

@@ -135,10 +135,15 @@ def test_a_killed_sender_started_again_with_the_token_sends_only_the_rest(link: 
 
 
 def test_both_killed_then_both_resume_from_the_receivers_token(link: Link, tmp_path: Path) -> None:
+    """The sender is killed; the receiver, terminated, prints the token of its last checkpoint."""
     out = tmp_path / "out.stream"
     recv, send = link.receiver(out), link.sender()
     checkpoint_after(out, link.key, 64 << 10)
-    kill(send, recv)
+    kill(send)
+    recv.terminate()
+    _, said = recv.communicate(timeout=30)
+    assert recv.returncode == 143, said
+    assert f"sendstream send --resume {state_of(out).read_text().strip()}".encode() in said
     part_size = out.with_name(out.name + ".part").stat().st_size
     recv = link.receiver(out, "--resume")
     assert recv.stderr is not None
