@@ -680,10 +680,10 @@ def _token(checkpoint: Checkpoint, key: bytes | None) -> str:
 def _receive_into_journal(
     session: SessionReceiver, output: str, key: bytes, checkpoint: Checkpoint | None, progress: Progress
 ) -> Summary:
+    import signal
+
     from .resume import Journal
     from .transport import receive_resumable
-
-    import signal
 
     # SIGTERM ends the transfer like an error: the token is printed, the journal kept
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
