@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import json
 import os
+import threading
 import time
 from array import array
 from collections.abc import Callable
@@ -254,8 +255,10 @@ class Journal:
         self._key = key
         self.checkpoint = checkpoint
         self.token = make_token(checkpoint, key) if checkpoint else None
-        self._durable = checkpoint.offset if checkpoint else 0
-        self._durable_at = time.monotonic()
+        self._durable = self._pending = checkpoint.offset if checkpoint else 0
+        self._pending_at = time.monotonic()
+        self._syncer: threading.Thread | None = None
+        self._failure: OSError | None = None
         if checkpoint is None:
             self.file: BinaryIO = open(self.part, "wb")  # noqa: SIM115 (open for the whole transfer)
             return
@@ -283,29 +286,48 @@ class Journal:
     def write(self, data: Any) -> None:
         self.file.write(data)
 
-    def commit(self, offset: int, stream: dict[str, Any] | None, ledger: Ledger, *, force: bool = False) -> int:
-        """Flush; every ``CHECKPOINT_BYTES`` or seconds make ``offset`` durable. Returns the durable offset."""
+    def commit(self, offset: int, stream: dict[str, Any] | None, ledger: Ledger) -> int:
+        """Flush; every ``CHECKPOINT_BYTES`` or seconds start making ``offset`` durable.
+
+        The fsyncs run in a thread while the transfer goes on. Returns the
+        offset that is durable now.
+        """
         self.file.flush()
+        if self._failure is not None:
+            raise self._failure
         now = time.monotonic()
-        due = offset - self._durable >= CHECKPOINT_BYTES or now - self._durable_at >= CHECKPOINT_SECONDS
-        if stream is None or offset == self._durable or not (due or force):
-            return self._durable
-        assert ledger.offset == offset, (ledger.offset, offset)
-        os.fsync(self.file.fileno())
-        self.checkpoint = Checkpoint(stream, offset, ledger.commands, ledger.digest())
-        self.token = make_token(self.checkpoint, self._key)
-        tmp = self.state + ".tmp"
-        with open(tmp, "w", encoding="ascii") as f:
-            f.write(self.token + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.state)
-        _fsync_dir(self.state)
-        self._durable, self._durable_at = offset, now
-        return offset
+        due = offset - self._pending >= CHECKPOINT_BYTES or now - self._pending_at >= CHECKPOINT_SECONDS
+        busy = self._syncer is not None and self._syncer.is_alive()
+        if stream is not None and offset != self._pending and due and not busy:
+            checkpoint = Checkpoint(stream, offset, ledger.commands, ledger.digest())
+            self._pending, self._pending_at = offset, now
+            self._syncer = threading.Thread(target=self._sync, args=(checkpoint,), daemon=True)
+            self._syncer.start()
+        return self._durable
+
+    def _sync(self, checkpoint: Checkpoint) -> None:
+        try:
+            os.fdatasync(self.file.fileno())  # everything before the checkpoint was flushed to the file
+            token = make_token(checkpoint, self._key)
+            tmp = self.state + ".tmp"
+            with open(tmp, "w", encoding="ascii") as f:
+                f.write(token + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.state)
+            _fsync_dir(self.state)
+        except OSError as exc:
+            self._failure = exc
+            return
+        self.checkpoint, self.token, self._durable = checkpoint, token, checkpoint.offset
+
+    def _settle(self) -> None:
+        if self._syncer is not None:
+            self._syncer.join()
 
     def finish(self) -> None:
         """The whole stream is in: ``path.part`` becomes ``path``; the state goes."""
+        self._settle()
         self.file.flush()
         os.fsync(self.file.fileno())
         self.file.close()
@@ -317,6 +339,7 @@ class Journal:
     def close(self) -> None:
         """Stop (on an error): the part and the state stay for ``--resume``; a part
         with no checkpoint yet has nothing to resume from and goes."""
+        self._settle()
         with contextlib.suppress(OSError):
             self.file.close()
         if self.checkpoint is None:
