@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import json
 import os
+import sys
 import threading
 import time
 from array import array
@@ -110,8 +111,8 @@ class Ledger:
 
     def _add(self, lens: array[int], crcs: array[int], size: int, commands: int) -> None:
         if lens:
-            self._lens.update(lens.tobytes())
-            self._crcs.update(crcs.tobytes())
+            self._lens.update(_little_endian(lens))
+            self._crcs.update(_little_endian(crcs))
         self.offset += size
         self.commands += commands
         if self._expect is not None and self.offset >= self._expect.offset:
@@ -143,6 +144,14 @@ class Ledger:
             expected=expected,
             actual=actual,
         )
+
+
+def _little_endian(values: array[int]) -> bytes:
+    """The 32-bit values as little-endian bytes: tokens travel between machines."""
+    if sys.byteorder == "big":
+        values = array(values.typecode, values)
+        values.byteswap()
+    return values.tobytes()
 
 
 def after(offset: int, write: Callable[[Any], object]) -> Callable[[Any], None]:

@@ -13,6 +13,7 @@ import io
 import os
 import re
 import signal
+import struct
 import subprocess
 import time
 from array import array
@@ -20,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, boundaries, btrfs_loop, need_root_btrfs
+from conftest import FIXTURES, boundaries, btrfs_loop, decode, need_root_btrfs
 from test_extract import differences
 from test_resume import DATA, SAMPLE, SHA, Proxy
 from test_transport import CMD, free_port
@@ -288,3 +289,19 @@ def test_a_btrfs_receive_child_across_cuts_ends_with_the_same_subvolume(key: Pat
         shown = [subprocess.run(["btrfs", "subvolume", "show", d / name], capture_output=True) for d in (direct, via)]
         received = [re.search(rb"Received UUID:\s*(\S+)", s.stdout) for s in shown]
         assert received[0] and received[1] and received[0].group(1) == received[1].group(1) != b"-"
+
+
+def test_the_ledger_is_lengths_and_crcs_in_little_endian() -> None:
+    """The definition a token carries between machines, on a file of two streams."""
+    data = (FIXTURES / "two-concat-v1.stream").read_bytes()
+    lens, crcs, commands = b"", b"", 0
+    for event in decode(data):
+        if event[0] == "hdr":
+            lens, crcs = lens + struct.pack("<I", 0xFFFFFFFF), crcs + struct.pack("<I", event[2])
+        elif event[0] == "cmd":
+            length = struct.unpack_from("<I", data, event[1])[0]
+            lens, crcs, commands = lens + struct.pack("<I", length), crcs + struct.pack("<I", event[4]), commands + 1
+    assert lens.count(struct.pack("<I", 0xFFFFFFFF)) == 2
+    digest = hashlib.sha256(b"sendstream-ledger-1" + hashlib.sha256(lens).digest() + hashlib.sha256(crcs).digest())
+    checkpoint = full_checkpoint(data)
+    assert (checkpoint.commands, checkpoint.ledger) == (commands, digest.hexdigest())
