@@ -845,7 +845,7 @@ class SessionReceiver:
                     if code == 0:
                         self.channel.send_all(b"ack %d\n" % self.verified)
                     self.channel.send_all(status)
-                confirmed = self._confirmed(self._buf)
+                confirmed = self._confirmed(self._buf, self._frame_left)
             except Exception:
                 confirmed = False
             _close(self.channel) if not confirmed else self._quiet_close(self.channel)
@@ -875,13 +875,35 @@ class SessionReceiver:
         _forget_error(channel)
 
     @staticmethod
-    def _confirmed(buf: ChannelBuffer) -> bool:
-        """The sender's ``B`` after our status: it got it."""
+    def _confirmed(buf: ChannelBuffer, frame_left: int = 0) -> bool:
+        """The sender's ``B`` after our status: it got it.
+
+        Frames it sent before it saw the status are read and dropped: closing
+        with them unread would reset the connection, and the status could be
+        lost with it.
+        """
         buf.channel._timeout = 10.0
+        deadline = time.monotonic() + 10.0
+        scratch = memoryview(bytearray(64 << 10))
         try:
-            return buf.read_exact(1) == b"B"
+            while time.monotonic() < deadline:
+                while frame_left:
+                    n = buf.readinto(scratch[: min(frame_left, len(scratch))])
+                    if not n:
+                        return False
+                    frame_left -= n
+                kind = buf.read_exact(1)
+                if kind == b"B":
+                    return True
+                if kind == b"D":
+                    (frame_left,) = struct.unpack(">I", buf.read_exact(4))
+                elif kind == b"E":
+                    buf.read_exact(8)
+                else:
+                    return False
         except Exception:
             return False
+        return False
 
     def close(self) -> None:
         self._stop.set()
