@@ -19,7 +19,7 @@ from . import errors as e
 from .command import Command
 from .crc import IMPLEMENTATION
 from .decoder import Framer, Restart, StreamHeader
-from .files import FlushBeforeRead, atomic_output, file_events, is_regular, open_input
+from .files import FlushBeforeRead, atomic_output, file_events, is_regular, is_special, open_input
 from .layout import MAX_VERSION
 from .native import PATH
 from .verify import Report, find_headers, verify_file
@@ -611,12 +611,12 @@ def receive(
     holds a resume token); if either side stops, `receive --resume` and
     `send --resume TOKEN` continue from the last checkpoint.
     """
-    from .resume import load_state, refuse_unfinished
+    from .resume import load_state, make_token, refuse_unfinished
     from .transport import receive_resumable
 
     if output and command:
         raise e.UsageError("give -o or --exec, not both")
-    journaled = bool(output) and output != "-" and mode != "none" and not _special(output or "")
+    journaled = bool(output) and output != "-" and mode != "none" and not is_special(output or "")
     if resume and not journaled:
         raise e.UsageError("--resume continues a file: give -o FILE and a TLS mode (its key signs the token)")
     key = _psk(mode, key_file, identity)
@@ -624,9 +624,10 @@ def receive(
     if resume:
         assert output
         checkpoint = load_state(output, key)
+        assert key is not None  # load_state needs one
         click.echo(
             f"sendstream: resuming {output} at offset {checkpoint.offset}; on the sending side run\n"
-            f"  sendstream send --resume {_token(checkpoint, key)} ...",
+            f"  sendstream send --resume {make_token(checkpoint, key)} ...",
             err=True,
         )
     elif journaled:
@@ -658,23 +659,6 @@ def receive(
         session.answer(0, "ok", linger=min(reconnect_timeout, 60.0))
     if not quiet:
         click.echo(f"sendstream: {summary.line('received')}", err=True)
-
-
-def _special(path: str) -> bool:
-    """True for an existing path that is not a regular file (a device, a fifo)."""
-    import stat
-
-    try:
-        return not stat.S_ISREG(os.stat(path).st_mode)
-    except FileNotFoundError:
-        return False
-
-
-def _token(checkpoint: Checkpoint, key: bytes | None) -> str:
-    from .resume import make_token
-
-    assert key is not None
-    return make_token(checkpoint, key)
 
 
 def _receive_into_journal(

@@ -101,6 +101,14 @@ def is_regular(source: BinaryIO) -> bool:
         return False
 
 
+def is_special(path: str) -> bool:
+    """True for a path that exists and is not a regular file (a device such as /dev/null, a fifo)."""
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
 def windows_for(source: BinaryIO) -> BufferedWindows | MappedWindows:
     """Mapped windows for a regular file, buffered ones for anything else."""
     return MappedWindows(source) if is_regular(source) else BufferedWindows(source)
@@ -180,11 +188,10 @@ def atomic_output(path: str) -> Iterator[BinaryIO]:
         yield sys.stdout.buffer
         sys.stdout.buffer.flush()
         return
-    with contextlib.suppress(FileNotFoundError):
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            with open(path, "wb") as direct:
-                yield direct
-            return
+    if is_special(path):
+        with open(path, "wb") as direct:
+            yield direct
+        return
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".sendstream-", dir=directory)
     try:

@@ -39,6 +39,19 @@ def sender(*args: str, data: bytes = b"") -> subprocess.CompletedProcess[bytes]:
         time.sleep(0.1)
 
 
+def wait_listening(port: int, timeout: float = 20) -> None:
+    """Until something listens on TCP ``port`` (read from /proc: a probe connection would be a client)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table) as f:
+                rows = [line.split() for line in f.readlines()[1:]]
+            if any(int(r[1].rsplit(":", 1)[1], 16) == port and r[3] == "0A" for r in rows):
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"nothing listens on port {port} after {timeout} s")
+
+
 def tls_args(mode: str, key: Path) -> list[str]:
     return ["--tls", mode] if mode == "none" else ["--tls", mode, "--key", str(key)]
 
@@ -49,6 +62,7 @@ def transfer(
     port = free_port()
     recv = receiver("receive", "--listen", f"127.0.0.1:{port}", "-o", str(out), *tls_args(mode, key))
     try:
+        wait_listening(port)  # a sender that fails before it connects tells only a receiver that listens
         sent = sender("--to", f"127.0.0.1:{port}", "-", *tls_args(mode, key), *extra, data=data)
         _, err = recv.communicate(timeout=60)
     finally:
