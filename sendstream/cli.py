@@ -83,7 +83,7 @@ def _sender_options(f: Any) -> Any:
     f = click.option(
         "--resumable",
         is_flag=True,
-        help="Run a session that survives dropped connections (needs a sendstream receiver; ~1/3 slower).",
+        help="Run a session that survives dropped connections (needs a sendstream receiver; ~30% slower).",
     )(f)
     f = click.option(
         "--timeout",
