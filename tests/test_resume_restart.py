@@ -19,6 +19,7 @@ import time
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import FIXTURES, boundaries, btrfs_loop, decode, need_root_btrfs
@@ -38,20 +39,21 @@ RETRY = ["-v", "--retries", "12", "--retry-delay", "0.1", "--timeout", "3"]
 
 
 class Link:
-    """A receiver port behind a slow proxy, and every process started on it (killed at the end)."""
+    """A receiver port behind a slow (or faulty) proxy, and every process started on it (killed at the end)."""
 
-    def __init__(self, key: Path, rate: float | None = RATE) -> None:
+    def __init__(self, key: Path, rate: float | None = RATE, faults: list[tuple[Any, ...]] | None = None) -> None:
         self.key = key
         self.port = free_port()
-        self.proxy = Proxy(self.port, [], rate=rate)
+        self.proxy = Proxy(self.port, faults or [], rate=rate)
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def _start(self, argv: list[str]) -> subprocess.Popen[bytes]:
         self.procs.append(subprocess.Popen([*CMD, *argv, "--key", str(self.key)], stderr=subprocess.PIPE))
         return self.procs[-1]
 
-    def receiver(self, out: Path, *extra: str) -> subprocess.Popen[bytes]:
-        return self._start(["receive", "--listen", f"127.0.0.1:{self.port}", "-o", str(out), "-v", *extra])
+    def receiver(self, out: Path | None, *extra: str) -> subprocess.Popen[bytes]:
+        output = ["-o", str(out)] if out else []
+        return self._start(["receive", "--listen", f"127.0.0.1:{self.port}", *output, "-v", *extra])
 
     def sender(self, *extra: str, direct: bool = False) -> subprocess.Popen[bytes]:
         port = self.port if direct else self.proxy.port
@@ -265,25 +267,15 @@ def test_a_btrfs_receive_child_across_cuts_ends_with_the_same_subvolume(key: Pat
         direct.mkdir()
         via.mkdir()
         subprocess.run(["btrfs", "receive", "-f", str(SAMPLE), str(direct)], check=True, capture_output=True)
-        port = free_port()
         cuts = [("c2s", 30_000, True), ("c2s", 150_000, False), ("s2c", 2, True), ("c2s", 90_000, True)]
-        proxy = Proxy(port, cuts)
-        recv = subprocess.Popen(
-            [*CMD, "receive", "--listen", f"127.0.0.1:{port}", "--key", str(key), "--exec", f"btrfs receive {via}"],
-            stderr=subprocess.PIPE,
-        )
-        send = subprocess.Popen(
-            [*CMD, "send", "--resumable", "--to", f"127.0.0.1:{proxy.port}", str(SAMPLE), "--key", str(key), *RETRY],
-            stderr=subprocess.PIPE,
-        )
+        link = Link(key, rate=None, faults=cuts)
         try:
-            (sent, send_err), (code, err) = finish(send, recv)
+            recv = link.receiver(None, "--exec", f"btrfs receive {via}")
+            (sent, send_err), (code, err) = finish(link.sender(), recv)
         finally:
-            for p in (send, recv):
-                p.kill()
-            proxy.close()
+            link.close()
         assert sent == 0 and code == 0, (send_err, err)
-        assert proxy.cuts >= 2  # the last ones may come after the end
+        assert link.proxy.cuts >= 2  # the last ones may come after the end
         (name,) = [p.name for p in direct.iterdir()]
         assert differences(direct / name, via / name) == []
         shown = [subprocess.run(["btrfs", "subvolume", "show", d / name], capture_output=True) for d in (direct, via)]
