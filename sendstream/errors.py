@@ -17,6 +17,7 @@ EXIT_IO = 4
 EXIT_RESTARTED = 5
 EXIT_TLS = 6
 EXIT_CHILD = 7
+EXIT_LIMIT = 8
 
 
 class SendStreamError(Exception):
@@ -43,6 +44,45 @@ class ChildFailed(SendStreamError):
     """The command given to ``receive --exec`` failed."""
 
     exit_code = EXIT_CHILD
+
+
+class LimitExceeded(SendStreamError):
+    """The input asks for more than a limit allows (memory, output, copies).
+
+    ``option`` names the command-line option that raises ``limit``; the
+    input may be legitimate, just larger than the default allows.
+    """
+
+    exit_code = EXIT_LIMIT
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        limit: int,
+        option: str,
+        offset: int | None = None,
+        index: int | None = None,
+        command: str | None = None,
+    ) -> None:
+        self.message = message
+        self.limit = limit
+        self.option = option
+        self.offset = offset
+        self.index = index
+        self.command = command
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = ""
+        if self.offset is not None:
+            where = f"offset {self.offset}"
+            if self.index is not None:
+                where += f", command #{self.index}"
+            if self.command is not None:
+                where += f" ({self.command})"
+            where += ": "
+        return f"{where}limit reached: {self.message} (the limit is {self.limit}; {self.option} raises it)"
 
 
 class FormatError(SendStreamError):
