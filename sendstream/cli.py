@@ -130,9 +130,14 @@ def cli(ctx: click.Context, show_traceback: bool) -> None:
     ctx.obj = {"traceback": show_traceback}
 
 
-def _warn(problems: list[e.FormatError], shown: int) -> int:
+def _warn(problems: e.ProblemLog, shown: int = 0, *, final: bool = True, skip: tuple[type, ...] = ()) -> int:
+    """Print the kept problems from ``shown`` on (not those of the ``skip`` types);
+    when ``final``, say how many more there were."""
     for problem in problems[shown:]:
-        click.echo(f"sendstream: warning: {problem}", err=True)
+        if not isinstance(problem, skip):
+            click.echo(f"sendstream: warning: {problem}", err=True)
+    if final and problems.dropped:
+        click.echo(f"sendstream: warning: {problems.dropped} more problems not shown", err=True)
     return len(problems)
 
 
@@ -159,9 +164,10 @@ def dump(stream: str, as_json: bool, strict: bool, max_command_size: int | None)
                 elif isinstance(event, Command):
                     out.write(json_line(event, framer.streams, version) if as_json else text.line(event))
                     if len(framer.problems) > warned:
-                        warned = _warn(framer.problems, warned)
+                        warned = _warn(framer.problems, warned, final=False)
         finally:
             out.flush()
+    _warn(framer.problems, warned)
 
 
 @cli.command()
@@ -204,9 +210,12 @@ def verify(
             report = verify_file(source, keep_going=keep_going, max_command_size=max_command_size)
     for problem in report.problems:
         click.echo(f"sendstream: error: {problem}", err=True)
+    if report.problems.dropped:
+        click.echo(f"sendstream: error: {report.problems.dropped} more problems not shown", err=True)
     if not quiet:
         rate = report.bytes / report.seconds / 1e6 if report.seconds else 0.0
-        status = "OK" if report.ok else f"FAILED ({len(report.problems)} problem{'s' * (len(report.problems) != 1)})"
+        count = report.problems.total
+        status = "OK" if report.ok else f"FAILED ({count} problem{'s' * (count != 1)})"
         click.echo(
             f"{status}: {report.streams} stream{'s' * (report.streams != 1)}, {report.commands} commands, "
             f"{report.bytes} bytes in {report.seconds:.3f} s ({rate:.1f} MB/s)"
@@ -244,13 +253,13 @@ def convert(source: str, target: str, to_version: int | None, max_command_size: 
     with open_input(source) as inp, atomic_output(target) as out:
         for event in file_events(inp, framer):
             if isinstance(event, Restart):
-                raise framer.problems[-1]
+                raise framer.problems.last or e.UsageError("the stream restarted")
             if downgrader is None:
                 out.write(encoder.send(event))
             else:
                 for converted in downgrader.events(event):
                     out.write(encoder.send(converted))
-    _warn(framer.problems, 0)
+    _warn(framer.problems)
 
 
 def _subvolume_changes(stream: str, max_command_size: int | None) -> list[Any]:
@@ -259,7 +268,7 @@ def _subvolume_changes(stream: str, max_command_size: int | None) -> list[Any]:
     framer = Framer(max_command_size=max_command_size)
     with open_input(stream) as source:
         results = list(changes(file_events(source, framer)))
-    _warn(framer.problems, 0)
+    _warn(framer.problems)
     return results
 
 
@@ -434,7 +443,7 @@ def repair(source: str, target: str, keep_last: bool, quiet: bool, max_command_s
         reader = inp if is_regular(inp) else FlushBeforeRead(inp, out)
         for event in file_events(reader, framer, healer.batch):  # type: ignore[arg-type]
             healer.event(event)
-    _warn([p for p in framer.problems if not isinstance(p, e.StreamRestarted)], 0)
+    _warn(framer.problems, skip=(e.StreamRestarted,))
     if not quiet:
         for r in healer.restarts:
             click.echo(
@@ -443,7 +452,7 @@ def repair(source: str, target: str, keep_last: bool, quiet: bool, max_command_s
                 err=True,
             )
         click.echo(
-            f"sendstream: {len(healer.restarts)} restart{'s' * (len(healer.restarts) != 1)} repaired; "
+            f"sendstream: {healer.restart_count} restart{'s' * (healer.restart_count != 1)} repaired; "
             f"{healer.written} bytes written, {healer.dropped} dropped",
             err=True,
         )
@@ -829,7 +838,7 @@ def extract(
     ):
         for event in file_events(source, framer):
             extractor.event(event)
-    _warn(framer.problems, 0)
+    _warn(framer.problems)
     if not quiet:
         report = extractor.report
         for first, count in report.skip_groups():
@@ -862,7 +871,7 @@ def paths(stream: str, as_json: bool, max_command_size: int | None) -> None:
                 out.write(line(record))
         finally:
             out.flush()
-    _warn(framer.problems, 0)
+    _warn(framer.problems)
 
 
 @cli.command()
@@ -878,7 +887,7 @@ def stats(stream: str, max_command_size: int | None) -> None:
         for event in file_events(source, framer):
             statistics.feed(event)
     click.echo("\n".join(statistics_lines(statistics)))
-    _warn(framer.problems, 0)
+    _warn(framer.problems)
 
 
 def _report(exc: BaseException, show_traceback: bool, err: IO[str]) -> None:

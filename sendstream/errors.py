@@ -8,6 +8,9 @@ what was expected, plus the exit code the CLI maps it to.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from typing import overload
+
 # Exit codes, documented in the README; the CLI maps errors to them in one place.
 EXIT_OK = 0
 EXIT_CORRUPT = 1
@@ -38,6 +41,30 @@ class RemoteError(SendStreamError):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class OutputError(SendStreamError):
+    """An output file could not be made or written; names the file, not a temporary name."""
+
+    exit_code = EXIT_IO
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        super().__init__(f"cannot write {path!r}: {reason}")
+
+
+class InputChanged(SendStreamError):
+    """A regular input file lost data while it was read (truncated, rewritten, or an I/O error)."""
+
+    exit_code = EXIT_IO
+
+    def __init__(self, offset: int, size: int | None) -> None:
+        self.offset = offset
+        now = f" (it has {size} bytes now)" if size is not None else ""
+        super().__init__(
+            f"offset {offset}: the input file has no data here any more{now}: it was truncated or "
+            "rewritten while it was read, or reading it failed"
+        )
 
 
 class ChildFailed(SendStreamError):
@@ -186,3 +213,52 @@ class TruncatedStream(FormatError):
 
     exit_code = EXIT_TRUNCATED
     kind = "truncated stream"
+
+
+class ProblemLog(Sequence[FormatError]):
+    """The problems found in one input: every one counted, the first ``keep`` kept.
+
+    A hostile input can hold millions of problems (a stream of unknown
+    commands), so memory stays at ``keep`` errors plus the last one, whatever
+    the input; ``total`` is exact. Iteration and indexing see the kept ones.
+    """
+
+    KEEP = 100
+
+    def __init__(self, keep: int = KEEP) -> None:
+        self._keep = keep
+        self._kept: list[FormatError] = []
+        self.total = 0
+        self.last: FormatError | None = None
+        # the first of each kind, kept whatever the count: the exit code is chosen by kind
+        self.first_of: dict[type[FormatError], FormatError] = {}
+
+    def append(self, problem: FormatError) -> None:
+        self.total += 1
+        self.last = problem
+        self.first_of.setdefault(type(problem), problem)
+        if len(self._kept) < self._keep:
+            self._kept.append(problem)
+
+    @property
+    def dropped(self) -> int:
+        """Problems counted but not kept."""
+        return self.total - len(self._kept)
+
+    @overload
+    def __getitem__(self, i: int) -> FormatError: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[FormatError]: ...
+
+    def __getitem__(self, i: int | slice) -> FormatError | Sequence[FormatError]:
+        return self._kept[i]
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def __iter__(self) -> Iterator[FormatError]:
+        return iter(self._kept)
+
+    def __repr__(self) -> str:
+        return f"<ProblemLog {self.total} problems, {len(self._kept)} kept>"

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .resume import Ledger
 
 _RUN = 1 << 16
+_KEEP_RESTARTS = 100
 
 
 class Healer:
@@ -62,7 +63,8 @@ class Healer:
         self._keep_last = keep_last
         self._truncate = truncate
         self.written = 0
-        self.restarts: list[Restart] = []
+        self.restarts: list[Restart] = []  # the first ones; ``restart_count`` counts all
+        self.restart_count = 0
         self.dropped = 0  # bytes of replayed and partial commands left out
         self._version = 0
         self._stream_body = 0  # output offset of the current stream's first command
@@ -155,7 +157,9 @@ class Healer:
             )
 
     def _restarted(self, event: Restart) -> None:
-        self.restarts.append(event)
+        self.restart_count += 1
+        if len(self.restarts) < _KEEP_RESTARTS:
+            self.restarts.append(event)
         self.dropped += event.partial + len(encode_stream_header(event.version))
         self._restart_at = event.offset
         if event.version != self._version:

@@ -172,7 +172,7 @@ def send_stream(source: BinaryIO, channel: Channel, progress: Progress) -> Summa
         raise
     code, message = read_status(channel)
     progress.done()
-    summary = Summary(healer.written, progress.seconds, channel.describe(), len(healer.restarts), f"{code} {message}")
+    summary = Summary(healer.written, progress.seconds, channel.describe(), healer.restart_count, f"{code} {message}")
     if code:
         raise e.RemoteError(f"the receiver failed: {message}", code)
     return summary
@@ -225,7 +225,7 @@ def send_resumable(
         healer.written - skipped,
         progress.seconds,
         sender.describe,
-        len(healer.restarts),
+        healer.restart_count,
         f"{code} {message}",
         sender.reconnects,
         sender.resent,
@@ -266,7 +266,7 @@ def receive_resumable(
     session.commit()
     progress.done()
     return Summary(
-        progress.bytes, progress.seconds, session.channel.describe(), len(healer.restarts), "", session.reconnects
+        progress.bytes, progress.seconds, session.channel.describe(), healer.restart_count, "", session.reconnects
     )
 
 
@@ -304,7 +304,7 @@ def receive_stream(channel: Channel, write: Callable[[Any], object], progress: P
     for event in file_events(reader, Framer(), healer.batch):  # type: ignore[arg-type]
         healer.event(event)
     progress.done()
-    return Summary(progress.bytes, progress.seconds, channel.describe(), len(healer.restarts))
+    return Summary(progress.bytes, progress.seconds, channel.describe(), healer.restart_count)
 
 
 def answer(channel: Channel, code: int, message: str) -> None:

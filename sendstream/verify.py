@@ -28,17 +28,19 @@ class Report:
     commands: int = 0
     bytes: int = 0
     seconds: float = 0.0
-    problems: list[e.FormatError] = field(default_factory=list)
+    problems: e.ProblemLog = field(default_factory=e.ProblemLog)
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems.total
 
     @property
     def exit_code(self) -> int:
         """The first problem's code; a restart's only when nothing else is wrong."""
-        worse = [p for p in self.problems if not isinstance(p, e.StreamRestarted)]
-        return (worse or self.problems)[0].exit_code if self.problems else e.EXIT_OK
+        firsts = self.problems.first_of.values()
+        worse = [p for p in firsts if not isinstance(p, e.StreamRestarted)]
+        first = min(worse or firsts, key=lambda p: p.offset, default=None)
+        return e.EXIT_OK if first is None else first.exit_code
 
 
 def _scan(mv: memoryview, pos: int, version: int, limit: int, origin: int) -> tuple[int, int, int, int, int]:
@@ -74,6 +76,7 @@ def find_headers(source: BinaryIO) -> Iterator[tuple[int, int]]:
             yield origin + start + at, int.from_bytes(data[at + 13 : at + STREAM_HEADER_SIZE], "little")
             at = data.find(STREAM_MAGIC, at + 1)
         if eof:
+            windows.check()
             return
         # keep the bytes a header cut by the window's end could start in
         keep = min(len(data), STREAM_HEADER_SIZE - 1) if at < 0 else len(data) - at
