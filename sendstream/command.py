@@ -10,7 +10,9 @@ from .layout import (
     ATTRIBUTES,
     COMMAND_NUMBERS,
     COMMANDS,
+    MAX_VERSION,
     attribute_name,
+    attribute_spec,
     command_name,
     decode_value,
     encode_value,
@@ -30,10 +32,13 @@ class Command:
     not know: its ``payload`` is then kept raw.
 
     ``offset`` (of the command header in the input), ``index`` (0-based
-    among the commands of the input) and ``crc`` are set by the decoder.
+    among the commands of the input), ``crc`` and ``version`` (of the stream
+    it is in) are set by the decoder. An attribute that ``version`` does not
+    define is unknown there, whatever later versions make of its number: it
+    stays raw (``unknown(N)``), never decoded with another version's size.
     """
 
-    __slots__ = ("attributes", "cmd", "crc", "index", "offset", "payload")
+    __slots__ = ("attributes", "cmd", "crc", "index", "offset", "payload", "version")
 
     def __init__(
         self,
@@ -44,6 +49,7 @@ class Command:
         offset: int = -1,
         index: int = -1,
         crc: int | None = None,
+        version: int = MAX_VERSION,
     ) -> None:
         self.cmd = cmd
         self.attributes = attributes
@@ -51,6 +57,7 @@ class Command:
         self.offset = offset
         self.index = index
         self.crc = crc
+        self.version = version
 
     @classmethod
     def build(cls, name: str, attributes: Iterable[tuple[str, Any]] | Mapping[str, Any] = ()) -> Command:
@@ -79,14 +86,18 @@ class Command:
         return found
 
     def get(self, key: str | int, default: Any = _MISSING) -> Any:
-        """The typed value of an attribute, by name or number."""
-        number = ATTRIBUTE_NUMBERS[key] if isinstance(key, str) else key
-        value = self.raw(number)
+        """The typed value of an attribute, by name or number (raw when unknown to the stream's version)."""
+        if isinstance(key, str):
+            number = ATTRIBUTE_NUMBERS[key]
+            value = self.raw(number) if attribute_spec(number, self.version) else None
+        else:
+            number = key
+            value = self.raw(number)
         if value is None:
             if default is _MISSING:
                 raise KeyError(key)
             return default
-        spec = ATTRIBUTES.get(number)
+        spec = attribute_spec(number, self.version)
         if spec is None:
             return value
         return decode_value(spec.kind, memoryview(value))
@@ -95,8 +106,8 @@ class Command:
         """Every attribute typed, keyed by name (unknown ones as ``unknown(N)``)."""
         out: dict[str, Any] = {}
         for t, v in self.attributes or ():
-            spec = ATTRIBUTES.get(t)
-            out[attribute_name(t)] = decode_value(spec.kind, memoryview(v)) if spec else v
+            spec = attribute_spec(t, self.version)
+            out[attribute_name(t, self.version)] = decode_value(spec.kind, memoryview(v)) if spec else v
         return out
 
     def __eq__(self, other: object) -> bool:

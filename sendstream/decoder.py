@@ -103,12 +103,13 @@ _REQUIRED: dict[int, dict[int, frozenset[int]]] = {
 
 @dataclass(frozen=True, slots=True)
 class _Where:
-    """Where a command sits, for its errors: window origin and position, index, number."""
+    """Where a command sits, for its errors: window origin and position, index, number, stream version."""
 
     origin: int
     pos: int
     index: int
     cmd: int
+    version: int = MAX_VERSION
 
     def error(
         self,
@@ -124,7 +125,7 @@ class _Where:
             offset=self.origin + at,
             index=self.index,
             command=command_name(self.cmd),
-            attribute=None if attr is None else attribute_name(attr),
+            attribute=None if attr is None else attribute_name(attr, self.version),
             expected=expected,
             actual=actual,
         )
@@ -160,7 +161,7 @@ class Framer:
         self.streams = 0
         self.commands = 0
         self.bytes = 0
-        self.problems: list[e.FormatError] = []
+        self.problems = e.ProblemLog()
         self.restarts = 0
         self._stream_start = 0
         self._limit = 0
@@ -274,7 +275,10 @@ class Framer:
             if not self.keep_going:
                 raise
             self.problems.append(exc.with_traceback(None))
-            command = Command(cmd, None, payload=mv[start:end], offset=origin + pos, index=self.commands, crc=crc)
+            command = Command(
+                cmd, None, payload=mv[start:end], offset=origin + pos, index=self.commands, crc=crc,
+                version=self.version,
+            )  # fmt: skip
         self.commands += 1
         self.bytes += total
         if cmd == C_END:
@@ -376,7 +380,7 @@ class Framer:
         length, cmd, crc = _unpack_cmd(mv, pos)
         end = pos + COMMAND_HEADER_SIZE + length
         attrs = self._split(mv, pos + COMMAND_HEADER_SIZE, end, None)
-        command = Command(cmd, attrs, offset=origin + pos, index=self.commands, crc=crc)
+        command = Command(cmd, attrs, offset=origin + pos, index=self.commands, crc=crc, version=self.version)
         self.commands += 1
         self.bytes += end - pos
         if cmd == C_END:
@@ -417,9 +421,11 @@ class Framer:
             if self.strict:
                 raise problem
             self.problems.append(problem)
-            return Command(cmd, None, payload=mv[start:end], offset=origin + pos, index=index, crc=crc)
-        attrs = self._attributes(mv, start, end, _Where(origin, pos, index, cmd), required)
-        return Command(cmd, attrs, offset=origin + pos, index=index, crc=crc)
+            return Command(
+                cmd, None, payload=mv[start:end], offset=origin + pos, index=index, crc=crc, version=self.version
+            )
+        attrs = self._attributes(mv, start, end, _Where(origin, pos, index, cmd, self.version), required)
+        return Command(cmd, attrs, offset=origin + pos, index=index, crc=crc, version=self.version)
 
     def _split(
         self, mv: memoryview, p: int, end: int, where: _Where | None, offsets: list[int] | None = None

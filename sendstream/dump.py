@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 
 from . import errors as e
 from .command import Command
-from .layout import ATTRIBUTES, attribute_name, decode_value
+from .layout import MAX_VERSION, attribute_name, attribute_spec, decode_value
 from .layout import A as _A
 from .native import NATIVE, module
 from .scan import Batch
@@ -242,9 +242,9 @@ def _digest(raw: Any) -> dict[str, Any]:
     return {"len": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
 
 
-def json_value(number: int, raw: Any) -> Any:
-    """An attribute value as JSON: typed, file data as length and sha256."""
-    spec = ATTRIBUTES.get(number)
+def json_value(number: int, raw: Any, version: int = MAX_VERSION) -> Any:
+    """An attribute value as JSON: typed, file data as length and sha256; raw when ``version`` does not define it."""
+    spec = attribute_spec(number, version)
     if spec is None:
         return {"base64": base64.b64encode(bytes(raw)).decode("ascii")}
     if number == _A["data"]:
@@ -271,7 +271,7 @@ def json_object(cmd: Command, stream: int, version: int) -> dict[str, Any]:
     if cmd.attributes is None:
         obj["payload"] = _digest(cmd.payload or b"")
     else:
-        obj["attributes"] = {attribute_name(t): json_value(t, v) for t, v in cmd.attributes}
+        obj["attributes"] = {attribute_name(t, version): json_value(t, v, version) for t, v in cmd.attributes}
     return obj
 
 

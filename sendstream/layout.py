@@ -49,8 +49,14 @@ def command_name(number: int) -> str:
     return spec.name if spec else f"unknown({number})"
 
 
-def attribute_name(number: int) -> str:
+def attribute_spec(number: int, version: int = MAX_VERSION) -> AttributeSpec | None:
+    """Attribute ``number`` as stream ``version`` defines it; None where that version does not."""
     spec = ATTRIBUTES.get(number)
+    return spec if spec is not None and spec.version <= version else None
+
+
+def attribute_name(number: int, version: int = MAX_VERSION) -> str:
+    spec = attribute_spec(number, version)
     return spec.name if spec else f"unknown({number})"
 
 
