@@ -10,8 +10,12 @@
  */
 #define PY_SSIZE_T_CLEAN
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE
 #include <Python.h>
+#include <signal.h>
 #include <stdint.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -344,6 +348,10 @@ static size_t check(const uint8_t *buf, const Py_ssize_t *starts, size_t n, Py_s
     return a.failed;
 }
 
+/* Commands framed ahead of the checks: a few first, four times more after each
+ * clean batch, so that a run of unusual commands (each stops the scan) costs
+ * linear time, and clean runs still go in large batches. */
+#define FRAME_FIRST 16
 #define FRAME_BATCH 65536
 
 typedef struct {
@@ -409,9 +417,10 @@ static PyObject *scan(PyObject *self, PyObject *args, PyObject *kw)
         goto out;
     }
     stop_t stop;
+    size_t batch = FRAME_FIRST;
     Py_BEGIN_ALLOW_THREADS
     for (;;) {
-        size_t room = (size_t)(cap - count) < FRAME_BATCH ? (size_t)(cap - count) : FRAME_BATCH;
+        size_t room = (size_t)(cap - count) < batch ? (size_t)(cap - count) : batch;
         size_t n = frame(buf, in.len, pos, max_len, room, starts, &stop);
         size_t ok = check(buf, starts, n, stop.pos, version);
         for (size_t i = 0; i < ok; i++) {
@@ -431,6 +440,8 @@ static PyObject *scan(PyObject *self, PyObject *args, PyObject *kw)
         if (stop.status != ST_FULL || count == cap)
             break;
         pos = stop.pos;
+        if (batch < FRAME_BATCH)
+            batch *= 4;
     }
     Py_END_ALLOW_THREADS
     PyMem_RawFree(starts);
@@ -828,9 +839,10 @@ static PyObject *dump_text(PyObject *self, PyObject *args)
     }
     stop_t stop;
     attrs_t at;
+    size_t batch = FRAME_FIRST;
     Py_BEGIN_ALLOW_THREADS
     for (;;) {
-        size_t n = frame(buf, in.len, pos, max_len, FRAME_BATCH, starts, &stop);
+        size_t n = frame(buf, in.len, pos, max_len, batch, starts, &stop);
         size_t ok = check(buf, starts, n, stop.pos, version), i;
         for (i = 0; i < ok; i++) {
             const uint8_t *p = buf + starts[i];
@@ -856,6 +868,8 @@ static PyObject *dump_text(PyObject *self, PyObject *args)
         if (stop.status != ST_FULL)
             break;
         pos = stop.pos;
+        if (batch < FRAME_BATCH)
+            batch *= 4;
     }
     Py_END_ALLOW_THREADS
     PyMem_RawFree(starts);
@@ -920,6 +934,107 @@ bad:
     return NULL;
 }
 
+/* ---- mapped input that may lose its data under us ----
+ * A regular file read through mmap raises SIGBUS where the file has no data
+ * any more: truncated or rewritten by another process, or an I/O error of
+ * NFS or FUSE. guard() registers a mapping; a SIGBUS inside it maps zero
+ * pages over the rest of it, so the access completes, and records where it
+ * happened; the Python side asks faulted() and reports an I/O error at that
+ * offset instead of using what it read. Other faults go to the handler that
+ * was there before (faulthandler, or the default: the process dies). */
+#define GUARDS 256
+static struct {
+    volatile uintptr_t start, end;
+    volatile intptr_t fault;
+} guards[GUARDS];
+static struct sigaction previous_bus;
+static uintptr_t page_size = 4096;
+
+static void on_bus(int sig, siginfo_t *info, void *context)
+{
+    uintptr_t addr = (uintptr_t)info->si_addr;
+    for (int i = 0; i < GUARDS; i++) {
+        uintptr_t start = guards[i].start, end = guards[i].end;
+        if (start && addr >= start && addr < end) {
+            uintptr_t from = addr & ~(page_size - 1);
+            if (mmap((void *)from, end - from, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)
+                break;
+            intptr_t at = (intptr_t)(addr - start);
+            if (guards[i].fault < 0 || at < guards[i].fault)
+                guards[i].fault = at;
+            return;
+        }
+    }
+    if (previous_bus.sa_flags & SA_SIGINFO) {
+        previous_bus.sa_sigaction(sig, info, context);
+    } else if (previous_bus.sa_handler != SIG_DFL && previous_bus.sa_handler != SIG_IGN) {
+        previous_bus.sa_handler(sig);
+    } else {
+        signal(SIGBUS, SIG_DFL);
+        raise(SIGBUS);
+    }
+}
+
+/* guard(mapping) -> slot, or -1 when every slot is taken (the mapping then goes unguarded). */
+static PyObject *guard(PyObject *self, PyObject *args)
+{
+    Py_buffer in;
+    if (!PyArg_ParseTuple(args, "y*", &in))
+        return NULL;
+    uintptr_t start = (uintptr_t)in.buf, end = start + (uintptr_t)in.len;
+    PyBuffer_Release(&in);
+    struct sigaction current;
+    if (sigaction(SIGBUS, NULL, &current) == 0 && current.sa_sigaction != on_bus) {
+        /* (again) when something else, e.g. faulthandler, took SIGBUS since */
+        struct sigaction ours;
+        memset(&ours, 0, sizeof ours);
+        ours.sa_sigaction = on_bus;
+        ours.sa_flags = SA_SIGINFO | SA_NODEFER;
+        sigemptyset(&ours.sa_mask);
+        if (sigaction(SIGBUS, &ours, &previous_bus) != 0)
+            return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    for (int i = 0; i < GUARDS; i++) {
+        if (!guards[i].start && start) {
+            guards[i].fault = -1;
+            guards[i].end = end;
+            guards[i].start = start;
+            return PyLong_FromLong(i);
+        }
+    }
+    return PyLong_FromLong(-1);
+}
+
+static int slot_of(PyObject *args)
+{
+    int i;
+    if (!PyArg_ParseTuple(args, "i", &i))
+        return -1;
+    if (i < 0 || i >= GUARDS) {
+        PyErr_SetString(PyExc_ValueError, "bad guard slot");
+        return -1;
+    }
+    return i;
+}
+
+/* faulted(slot) -> offset of the first byte that had no data in that mapping, or -1. */
+static PyObject *faulted(PyObject *self, PyObject *args)
+{
+    int i = slot_of(args);
+    return i < 0 ? NULL : PyLong_FromSsize_t((Py_ssize_t)guards[i].fault);
+}
+
+/* unguard(slot): the mapping is going away. */
+static PyObject *unguard(PyObject *self, PyObject *args)
+{
+    int i = slot_of(args);
+    if (i < 0)
+        return NULL;
+    guards[i].start = 0;
+    guards[i].end = 0;
+    Py_RETURN_NONE;
+}
+
 static PyObject *crc32c_py(PyObject *self, PyObject *args)
 {
     Py_buffer in;
@@ -940,6 +1055,9 @@ static PyMethodDef methods[] = {
     {"dump_text", dump_text, METH_VARARGS, "Like scan(), printing each clean command as btrfs receive --dump."},
     {"configure", configure, METH_VARARGS, "Load the format tables from sendstream.format."},
     {"crc32c", crc32c_py, METH_VARARGS, "crc32c(data, crc=0): the btrfs CRC-32C."},
+    {"guard", guard, METH_VARARGS, "guard(mapping) -> slot: survive SIGBUS in a file mapping and record it."},
+    {"faulted", faulted, METH_VARARGS, "faulted(slot) -> the first offset that had no data, or -1."},
+    {"unguard", unguard, METH_VARARGS, "unguard(slot): forget a mapping that goes away."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -949,6 +1067,7 @@ PyMODINIT_FUNC PyInit__native(void)
 {
     crc_init();
     escape_init();
+    page_size = (uintptr_t)sysconf(_SC_PAGESIZE);
     shift_init();
     shift_block_init();
 #ifdef HAVE_X86_CRC
