@@ -21,6 +21,7 @@ import binascii
 import contextlib
 import hashlib
 import hmac
+import io
 import json
 import os
 import sys
@@ -29,9 +30,10 @@ import time
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 
 from . import errors as e
+from .files import OutputDirectory, OutputFile
 from .layout import COMMAND_HEADER_SIZE, STREAM_HEADER_SIZE
 
 TOKEN_PREFIX = "ssr1."
@@ -215,14 +217,6 @@ def read_token(token: str, key: bytes | None) -> Checkpoint:
 # --- the receiver's journal -----------------------------------------------------------------------------------------
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def state_path(path: str) -> str:
     """Where a receiver writing ``path`` keeps its resume token."""
     return path + PART_SUFFIX + STATE_SUFFIX
@@ -231,19 +225,25 @@ def state_path(path: str) -> str:
 def load_state(path: str, key: bytes | None) -> Checkpoint:
     """The checkpoint of an unfinished transfer to ``path``."""
     state = state_path(path)
+    with OutputDirectory(path) as directory:
+        try:
+            fd = directory.open_ours(os.path.basename(state), os.O_RDONLY)
+        except e.OutputError as exc:
+            if directory.lstat(os.path.basename(state)) is None:
+                raise ResumeError(f"nothing to resume: no {state}") from None
+            raise ResumeError(f"cannot read {state}: {exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(_MAX_TOKEN + 1)
     try:
-        with open(state, encoding="ascii") as f:
-            token = f.read().strip()
-    except FileNotFoundError:
-        raise ResumeError(f"nothing to resume: no {state}") from None
-    except (OSError, ValueError) as exc:
-        raise ResumeError(f"cannot read {state}: {exc}") from None
+        token = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise ResumeError(f"{state} holds no resume token") from None
     return read_token(token, key)
 
 
 def refuse_unfinished(path: str) -> None:
     """Fail when an unfinished transfer to ``path`` would be overwritten."""
-    if os.path.exists(state_path(path)):
+    if os.path.lexists(state_path(path)):
         raise ResumeError(
             f"{state_path(path)} holds an unfinished transfer: add --resume to continue it, "
             f"or remove it and {path + PART_SUFFIX}"
@@ -254,34 +254,47 @@ class Journal:
     """``path`` written in place as ``path.part``, with durable checkpoints in ``path.part.resume``.
 
     From ``checkpoint`` on (a resumed transfer) ``path.part`` is cut back to
-    the checkpoint's offset: what came after it was never made durable.
+    the checkpoint's offset: what came after it was never made durable. Every
+    file is made or opened relative to the directory, opened once, without
+    following symlinks (:class:`~sendstream.files.OutputDirectory`); an
+    existing part that is not a regular file of ours is refused.
     """
 
     def __init__(self, path: str, key: bytes, checkpoint: Checkpoint | None = None) -> None:
         self.path = path
         self.part = path + PART_SUFFIX
         self.state = state_path(path)
+        self._dir = OutputDirectory(path)
+        self._part_name = os.path.basename(self.part)
+        self._state_name = os.path.basename(self.state)
         self._key = key
         self.checkpoint = checkpoint
         self.token = make_token(checkpoint, key) if checkpoint else None
         self._durable = self._pending = checkpoint.offset if checkpoint else 0
         self._pending_at = time.monotonic()
         self._syncer: threading.Thread | None = None
-        self._failure: OSError | None = None
-        if checkpoint is None:
-            self.file: BinaryIO = open(self.part, "wb")  # noqa: SIM115 (open for the whole transfer)
-            return
+        self._failure: BaseException | None = None
         try:
-            self.file = open(self.part, "r+b")  # noqa: SIM115
-        except FileNotFoundError:
-            raise ResumeError(f"nothing to resume: {self.part} is gone") from None
-        size = os.fstat(self.file.fileno()).st_size
-        if size < checkpoint.offset:
-            self.file.close()
-            raise ResumeError(f"{self.part} has {size} bytes, fewer than the {checkpoint.offset} its resume state says")
-        self.file.truncate(checkpoint.offset)
-        os.fsync(self.file.fileno())
-        self.file.seek(checkpoint.offset)
+            if checkpoint is None:
+                self._dir.remove_stale(self._part_name)
+                self._raw = OutputFile(self._dir.create(self._part_name), self.part)
+            else:
+                if self._dir.lstat(self._part_name) is None:
+                    raise ResumeError(f"nothing to resume: {self.part} is gone")
+                self._raw = OutputFile(self._dir.open_ours(self._part_name, os.O_RDWR), self.part)
+                size = os.fstat(self._raw.fileno()).st_size
+                if size < checkpoint.offset:
+                    self._raw.close()
+                    raise ResumeError(
+                        f"{self.part} has {size} bytes, fewer than the {checkpoint.offset} its resume state says"
+                    )
+                self._raw.truncate(checkpoint.offset)
+                self._raw.fsync()
+                self._raw.seek(checkpoint.offset)
+        except BaseException:
+            self._dir.close()
+            raise
+        self.file = io.BufferedWriter(self._raw, 1 << 20)
 
     @property
     def offset(self) -> int:
@@ -290,7 +303,7 @@ class Journal:
 
     def prefix(self) -> _Prefix:
         """The kept prefix, to be checked again against the ledger."""
-        return _Prefix(self.part, self._durable)
+        return _Prefix(os.dup(self._raw.fileno()), self._durable)
 
     def write(self, data: Any) -> None:
         self.file.write(data)
@@ -316,16 +329,16 @@ class Journal:
 
     def _sync(self, checkpoint: Checkpoint) -> None:
         try:
-            os.fdatasync(self.file.fileno())  # everything before the checkpoint was flushed to the file
+            self._raw.fsync()  # everything before the checkpoint was flushed to the file
             token = make_token(checkpoint, self._key)
-            tmp = self.state + ".tmp"
-            with open(tmp, "w", encoding="ascii") as f:
-                f.write(token + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.state)
-            _fsync_dir(self.state)
-        except OSError as exc:
+            tmp = self._state_name + ".tmp"
+            self._dir.remove_stale(tmp)
+            with OutputFile(self._dir.create(tmp, 0o600), self.state) as f:
+                f.write((token + "\n").encode("ascii"))
+                f.fsync()
+            self._dir.replace(tmp, self._state_name)
+            self._dir.sync()
+        except (OSError, e.SendStreamError) as exc:
             self._failure = exc
             return
         self.checkpoint, self.token, self._durable = checkpoint, token, checkpoint.offset
@@ -338,12 +351,12 @@ class Journal:
         """The whole stream is in: ``path.part`` becomes ``path``; the state goes."""
         self._settle()
         self.file.flush()
-        os.fsync(self.file.fileno())
+        self._raw.fsync()
+        self._dir.replace(self._part_name, self._dir.name, self._raw.fileno())
         self.file.close()
-        os.replace(self.part, self.path)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.state)
-        _fsync_dir(self.path)
+        self._dir.unlink(self._state_name)
+        self._dir.sync()
+        self._dir.close()
 
     def close(self) -> None:
         """Stop (on an error): the part and the state stay for ``--resume``; a part
@@ -352,25 +365,29 @@ class Journal:
         with contextlib.suppress(OSError):
             self.file.close()
         if self.checkpoint is None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.part)
+            self._dir.unlink(self._part_name)
+        self._dir.close()
 
 
 class _Prefix:
-    """The first ``size`` bytes of a file, as a reader."""
+    """The first ``size`` bytes of the file ``fd`` (which it closes), as a reader."""
 
-    def __init__(self, path: str, size: int) -> None:
-        self._f = open(path, "rb")  # noqa: SIM115
+    def __init__(self, fd: int, size: int) -> None:
+        self._fd = fd
+        self._at = 0
         self._left = size
 
     def readinto(self, view: Any) -> int:
         view = memoryview(view).cast("B")[: self._left]
         if not view:
-            self._f.close()
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
             return 0
-        n = self._f.readinto(view) or 0
+        n = os.preadv(self._fd, [view], self._at)
         if not n:
             raise ResumeError("the kept part file shrank while it was checked again")
+        self._at += n
         self._left -= n
         return n
 
