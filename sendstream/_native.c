@@ -49,6 +49,7 @@ enum { ST_NEED = 0, ST_END = 1, ST_STOP = 2, ST_FULL = 3 };
 static int attr_size[MAX_VERSION + 1][MAX_ATTR]; /* -2 unknown, -1 variable, else fixed size */
 static uint64_t required[MAX_VERSION + 1][MAX_CMD]; /* bitmask of attribute numbers */
 static uint8_t cmd_known[MAX_VERSION + 1][MAX_CMD];
+static uint64_t string_attrs; /* bitmask: names and paths, which hold no NUL in a stream the kernel wrote */
 static int configured;
 
 /* ---- CRC-32C, reflected, no pre/post inversion (the kernel's raw crc32c) ---- */
@@ -240,6 +241,8 @@ static int tlvs_ok(const uint8_t *p, uint32_t len, uint16_t cmd, int version, at
             return 0;
         if (seen & (1ull << type))
             return 0;
+        if ((string_attrs >> type & 1) && memchr(t - vlen, 0, vlen))
+            return 0; /* unusual: the Python side reports it where it must (verify) */
         seen |= 1ull << type;
         if (a) {
             a->val[type] = t - vlen;
@@ -892,12 +895,14 @@ out:
     return result;
 }
 
-/* configure(attr_sizes, known_commands, required): the tables, per version 1..3. */
+/* configure(attr_sizes, known_commands, required, string_mask): the tables, per version 1..3. */
 static PyObject *configure(PyObject *self, PyObject *args)
 {
     PyObject *sizes, *known, *req;
-    if (!PyArg_ParseTuple(args, "OOO", &sizes, &known, &req))
+    unsigned long long strings;
+    if (!PyArg_ParseTuple(args, "OOOK", &sizes, &known, &req, &strings))
         return NULL;
+    string_attrs = strings;
     for (int v = 1; v <= MAX_VERSION; v++) {
         for (int a = 0; a < MAX_ATTR; a++)
             attr_size[v][a] = -2;

@@ -18,7 +18,7 @@ from . import __version__
 from . import errors as e
 from .command import Command
 from .crc import IMPLEMENTATION
-from .decoder import Framer, Restart, StreamHeader
+from .decoder import MAX_COMMAND_SIZE, Framer, Restart, StreamHeader
 from .files import FlushBeforeRead, atomic_output, file_events, is_regular, is_special, open_input
 from .layout import MAX_VERSION
 from .native import PATH
@@ -40,10 +40,11 @@ DEFAULT_TLS_MODE = "tls13-aes128-gcm"
 def _max_size_option(f: Any) -> Any:
     return click.option(
         "--max-command-size",
-        type=click.IntRange(min=0),
+        type=click.IntRange(min=1, max=MAX_COMMAND_SIZE),
         default=None,
         metavar="BYTES",
-        help="Largest command payload accepted (default: the kernel's limit for the stream's version).",
+        help="Largest command payload accepted (default: the kernel's limit for the stream's version; "
+        f"at most {MAX_COMMAND_SIZE >> 20} MiB, which one command may take in memory).",
     )(f)
 
 
@@ -470,8 +471,11 @@ def _psk(mode: str, key_file: str | None, identity: str, leg: str = "") -> bytes
         return None
     if key_file:
         return load_key(key_file)
-    if not sys.stdin.isatty() and not os.path.exists("/dev/tty"):
-        raise e.UsageError(f"no {flag}key and no terminal to ask for a password")
+    # getpass falls back to reading standard input (the stream itself, under cron) without a terminal
+    try:
+        os.close(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY))
+    except OSError:
+        raise e.UsageError(f"no {flag}key given, and no terminal to ask for a password: give {flag}key FILE") from None
     return derive_key(getpass.getpass(f"password for {identity!r}{f' (--{leg})' if leg else ''}: "), identity)
 
 

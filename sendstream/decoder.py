@@ -95,6 +95,8 @@ _END_COMMAND = _pack_cmd(0, C_END, crc32c(_pack_cmd(0, C_END, 0)))
 _ATTR_SIZES: dict[int, dict[int, int | None]] = {
     v: {n: a.size for n, a in ATTRIBUTES.items() if n <= MAX_ATTRIBUTE[v]} for v in range(1, MAX_VERSION + 1)
 }
+# Names and paths: the kernel never writes a NUL in them.
+_STRINGS = frozenset(n for n, a in ATTRIBUTES.items() if a.kind == "string")
 # Per version: known command number -> required attribute numbers.
 _REQUIRED: dict[int, dict[int, frozenset[int]]] = {
     v: {n: frozenset(s.required) for n, s in COMMANDS.items() if n <= MAX_COMMAND[v]} for v in range(1, MAX_VERSION + 1)
@@ -131,6 +133,10 @@ class _Where:
         )
 
 
+# The largest --max-command-size: a command is held whole in memory before it is checked.
+MAX_COMMAND_SIZE = 256 << 20
+
+
 def default_max_command_size(version: int) -> int:
     """The largest payload the kernel can write in a stream of ``version``."""
     return SEND_BUF_SIZE[min(max(version, 1), MAX_VERSION)]
@@ -152,6 +158,8 @@ class Framer:
         max_command_size: int | None = None,
         batch: bool = native.NATIVE,
     ) -> None:
+        if max_command_size is not None and not 0 < max_command_size <= MAX_COMMAND_SIZE:
+            raise e.UsageError(f"max_command_size must be 1 to {MAX_COMMAND_SIZE} bytes, not {max_command_size}")
         self.strict = strict
         # With keep_going, a framed command that fails its checks is recorded
         # in ``problems`` and returned raw, so checking goes on after it.
@@ -484,6 +492,11 @@ class Framer:
                 self.problems.append(problem)
             elif (size := sizes[t]) is not None and len(value) != size:
                 raise where.error(e.AttributeSize, "the value has the wrong size", at, t, f"{size} bytes", len(value))
+            elif self.strict and t in _STRINGS and b"\0" in bytes(value):
+                raise where.error(
+                    e.UnsafeValue, "it holds a NUL byte, where btrfs receive would cut it and use another path", at,
+                    t, "no NUL byte", f"a NUL at byte {bytes(value).index(0)}",
+                )  # fmt: skip
         if not required <= seen:
             raise where.error(
                 e.MissingAttribute, "a required attribute is absent", where.pos, min(required - seen), "present"

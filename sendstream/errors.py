@@ -186,6 +186,13 @@ class AttributeSize(BadAttribute):
     kind = "bad attribute size"
 
 
+class UnsafeValue(BadAttribute):
+    """A name or path with a NUL byte: the kernel never writes one, and btrfs
+    receive would cut the path there and apply another one (strict mode only)."""
+
+    kind = "cannot be applied safely"
+
+
 class UnknownCommand(FormatError):
     kind = "unknown command"
 

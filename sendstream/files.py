@@ -11,6 +11,7 @@ the window: they are valid until the next event is asked for.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import mmap
 import os
@@ -209,14 +210,15 @@ class OutputDirectory:
     def open_ours(self, name: str, flags: int) -> int:
         """Open the existing ``name``: only a regular file owned by us, with no other hard link."""
         shown = os.path.join(os.path.dirname(self.path), name)
+        refused = "it is not a regular file of ours with a single link (a symlink?): refusing to use it"
         try:
             fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK, dir_fd=self.fd)
         except OSError as exc:
-            raise e.OutputError(shown, exc.strerror or str(exc)) from None
+            raise e.OutputError(shown, refused if exc.errno == errno.ELOOP else exc.strerror or str(exc)) from None
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
             os.close(fd)
-            raise e.OutputError(shown, "not a regular file of ours with a single link: refusing to use it")
+            raise e.OutputError(shown, refused)
         return fd
 
     def remove_stale(self, name: str) -> None:

@@ -31,6 +31,7 @@ if module is not None:
         {v: {n: a.size for n, a in ATTRIBUTES.items() if n <= MAX_ATTRIBUTE[v]} for v in range(1, MAX_VERSION + 1)},
         {v: {n: True for n in COMMANDS if n <= MAX_COMMAND[v]} for v in range(1, MAX_VERSION + 1)},
         {n: sum(1 << a for a in s.required) for n, s in COMMANDS.items()},
+        sum(1 << n for n, a in ATTRIBUTES.items() if a.kind == "string"),
     )
 
 NATIVE: bool = module is not None

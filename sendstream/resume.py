@@ -331,9 +331,8 @@ class Journal:
         try:
             self._raw.fsync()  # everything before the checkpoint was flushed to the file
             token = make_token(checkpoint, self._key)
-            tmp = self._state_name + ".tmp"
-            self._dir.remove_stale(tmp)
-            with OutputFile(self._dir.create(tmp, 0o600), self.state) as f:
+            tmp, fd = self._dir.create_temporary(0o600)
+            with OutputFile(fd, self.state) as f:
                 f.write((token + "\n").encode("ascii"))
                 f.fsync()
             self._dir.replace(tmp, self._state_name)
