@@ -1,0 +1,286 @@
+"""What a hostile stream or a hostile neighbour did (issue 11): each finding, reproduced as an attacker would."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, command_bytes, crafted, u64
+
+from sendstream import Decoder, native
+from sendstream import errors as e
+from sendstream.command import Command
+from sendstream.files import atomic_output, file_events
+from sendstream.layout import ATTRIBUTE_NUMBERS as A
+from sendstream.layout import COMMAND_NUMBERS as C
+from sendstream.resume import Checkpoint, Journal, Ledger, make_token
+from sendstream.session import stream_identity
+from sendstream.verify import verify_file
+
+CMD = [sys.executable, "-m", "sendstream"]
+SAMPLE = FIXTURES / "rich-full-v2.stream"
+
+
+def run(*args: str, stdin: bytes | None = None, **kwargs: object) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([*CMD, *args], input=stdin, capture_output=True, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+
+def subvol(version: int = 2) -> bytes:
+    return command_bytes(
+        C["subvol"], [(A["path"], b"s"), (A["uuid"], uuid.uuid4().bytes), (A["ctransid"], u64(5))], version
+    )
+
+
+def unknown_commands(n: int) -> bytes:
+    """A header and ``n`` CRC-valid 10-byte "command 0" records: what a header followed by zeros is."""
+    return crafted(2, *[command_bytes(0, [])] * n)
+
+
+# --- problems are counted, the first ones kept ---------------------------------------------------------------------
+
+
+def test_the_problem_log_counts_every_problem_and_keeps_the_first() -> None:
+    decoder = Decoder()
+    decoder.receive_data(unknown_commands(5000))
+    decoder.receive_data(b"")
+    decoder.events()
+    problems = decoder.framer.problems
+    assert problems.total == 5000
+    assert len(problems) == e.ProblemLog.KEEP == len(list(problems))
+    assert problems.dropped == 5000 - e.ProblemLog.KEEP
+    assert [p.index for p in problems] == list(range(e.ProblemLog.KEEP))
+    assert problems.last is not None and problems.last.index == 4999
+    assert set(problems.first_of) == {e.UnknownCommand}
+
+
+def test_dump_and_verify_of_many_unknown_commands_report_them_bounded(tmp_path: Path) -> None:
+    stream = tmp_path / "zeros.stream"
+    stream.write_bytes(unknown_commands(20_000))
+    dumped = run("dump", str(stream))
+    assert dumped.returncode == 0, dumped.stderr
+    lines = dumped.stderr.decode().splitlines()
+    assert len(lines) == e.ProblemLog.KEEP + 1
+    assert lines[-1] == f"sendstream: warning: {20_000 - e.ProblemLog.KEEP} more problems not shown"
+    verified = run("verify", "--keep-going", str(stream))
+    assert verified.returncode == 1
+    assert verified.stdout.startswith(b"FAILED (20000 problems): 1 stream, 20001 commands")
+    assert len(verified.stderr.splitlines()) == e.ProblemLog.KEEP + 1
+
+
+# --- an attribute the stream's version does not define ------------------------------------------------------------
+
+
+def v1_chmod_with_attribute_30() -> bytes:
+    """A v1 CHMOD carrying attribute 30 (v2's COMPRESSION, a u32) with 2 bytes."""
+    chmod = command_bytes(C["chmod"], [(A["path"], b"f"), (A["mode"], u64(0o644)), (30, b"\x01\x02")], 1)
+    return crafted(1, chmod)
+
+
+def test_an_attribute_undefined_in_the_version_stays_raw(tmp_path: Path) -> None:
+    data = v1_chmod_with_attribute_30()
+    stream = tmp_path / "attr30.stream"
+    stream.write_bytes(data)
+    dumped = run("dump", "--json", str(stream))
+    assert dumped.returncode == 0, dumped.stderr
+    assert b'"unknown(30)":{"base64":"AQI="}' in dumped.stdout
+    assert b"[attribute unknown(30)]" in dumped.stderr
+    command = next(ev for ev in file_events(io.BytesIO(data)) if isinstance(ev, Command))  # type: ignore[arg-type]
+    assert command.version == 1
+    assert bytes(command.get(30)) == b"\x01\x02"
+    assert command.get("compression", None) is None
+    assert command.values()["unknown(30)"] == b"\x01\x02"
+    # what send --resumable computes from the first command before it connects
+    assert stream_identity(data)["command"] == "chmod"
+
+
+# --- names and paths with a NUL byte ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["native", "pure"])
+def test_verify_says_a_path_with_a_nul_cannot_be_applied_safely(tmp_path: Path, pure: bool) -> None:
+    mkdir = command_bytes(C["mkdir"], [(A["path"], b"a\0/../../etc"), (A["ino"], u64(257))], 2)
+    stream = tmp_path / "nul.stream"
+    stream.write_bytes(crafted(2, subvol(), mkdir))
+    env = {**os.environ, "SENDSTREAM_PURE": "1"} if pure else None
+    verified = run("verify", str(stream), env=env)
+    assert verified.returncode == 1
+    assert b"cannot be applied safely: it holds a NUL byte" in verified.stderr
+    assert b"[attribute path]; expected no NUL byte, got a NUL at byte 1" in verified.stderr
+    assert run("dump", str(stream), env=env).returncode == 0  # what btrfs receive --dump prints: the cut path
+
+
+# --- an input file that shrinks while it is read -----------------------------------------------------------------
+
+
+@pytest.mark.skipif(not native.NATIVE, reason="regular files are read, not mapped, on the pure-Python path")
+def test_an_input_truncated_while_mapped_is_an_io_error_not_sigbus(tmp_path: Path) -> None:
+    code = """
+import os, sys
+from sendstream import errors as e
+from sendstream.files import file_events
+path = sys.argv[1]
+with open(path, "rb") as f:
+    try:
+        for n, _ in enumerate(file_events(f)):
+            if n == 2:
+                os.truncate(path, 1 << 20)
+    except e.InputChanged as exc:
+        print(exc)
+        sys.exit(4)
+"""
+    writes = [
+        command_bytes(
+            C["write"], [(A["path"], b"f"), (A["file_offset"], u64(i << 16)), (A["data"], os.urandom(1 << 16))]
+        )
+        for i in range(400)
+    ]
+    mkfile = command_bytes(C["mkfile"], [(A["path"], b"f"), (A["ino"], u64(257))])
+    stream = tmp_path / "big.stream"
+    stream.write_bytes(crafted(2, subvol(), mkfile, *writes))
+    done = subprocess.run([sys.executable, "-c", code, str(stream)], capture_output=True)
+    assert done.returncode == 4, done  # not -7 (SIGBUS)
+    assert b"the input file has no data here any more (it has 1048576 bytes now)" in done.stdout
+
+
+# --- outputs ---------------------------------------------------------------------------------------------------
+
+
+def test_convert_refuses_an_out_that_is_a_symlink(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    out = tmp_path / "out.stream"
+    out.symlink_to(victim)
+    for command in ("convert", "repair"):
+        done = run(command, str(SAMPLE), str(out))
+        assert done.returncode == 2, done.stderr
+        assert b"is a symlink: refusing to follow or replace it" in done.stderr
+        assert victim.read_bytes() == b"precious" and out.is_symlink()
+
+
+def test_outputs_get_the_umask_mode_or_keep_the_mode_they_had(tmp_path: Path) -> None:
+    new, old = tmp_path / "new.stream", tmp_path / "old.stream"
+    old.write_bytes(b"x")
+    old.chmod(0o640)
+    done = subprocess.run(
+        ["sh", "-c", f"umask 022 && {' '.join(CMD)} convert {SAMPLE} {new} && {' '.join(CMD)} convert {SAMPLE} {old}"]
+    )
+    assert done.returncode == 0
+    assert new.stat().st_mode & 0o7777 == 0o644
+    assert old.stat().st_mode & 0o7777 == 0o640
+    assert new.read_bytes() == old.read_bytes() == SAMPLE.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.stream", "old.stream"]
+
+
+def test_a_full_device_is_named_in_the_error(tmp_path: Path) -> None:
+    done = run("convert", str(SAMPLE), "/dev/full")
+    assert done.returncode == 4
+    assert done.stderr.startswith(b"sendstream: error: cannot write '/dev/full': No space left on device")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a read-only tmpfs: needs root")
+def test_a_read_only_directory_names_out_not_a_temporary_file(tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], check=True)
+    try:
+        done = run("convert", str(SAMPLE), str(ro / "out.stream"))
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+    assert done.returncode == 4
+    assert done.stderr.decode().startswith(
+        f"sendstream: error: cannot write '{ro / 'out.stream'}': Read-only file system"
+    )
+
+
+def test_atomic_output_leaves_nothing_behind_on_an_error(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError), atomic_output(str(out)) as f:
+        f.write(b"half")
+        raise RuntimeError("the input broke")
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- the receiver's journal -------------------------------------------------------------------------------------
+
+
+def test_the_journal_never_writes_through_a_planted_part_symlink(tmp_path: Path) -> None:
+    victim = tmp_path / "shadow"
+    victim.write_bytes(b"root:secret\n")
+    out = tmp_path / "backup"
+    Path(f"{out}.part").symlink_to(victim)
+    with pytest.raises(e.OutputError, match="not a regular file of ours"):
+        Journal(str(out), b"k" * 32)
+    assert victim.read_bytes() == b"root:secret\n"
+    assert Path(f"{out}.part").is_symlink() and not out.exists()
+
+
+def test_the_journal_refuses_a_planted_part_when_resuming(tmp_path: Path) -> None:
+    victim = tmp_path / "shadow"
+    victim.write_bytes(b"root:secret\n" * 10)
+    out = tmp_path / "backup"
+    Path(f"{out}.part").symlink_to(victim)
+    checkpoint = Checkpoint({"uuid": None}, 5, 0, Ledger().digest())
+    with pytest.raises(e.OutputError, match="refusing to use it"):
+        Journal(str(out), b"k" * 32, checkpoint)
+    assert victim.read_bytes() == b"root:secret\n" * 10
+
+
+def test_the_journal_replaces_a_stale_part_of_its_own_and_ignores_a_planted_token_file(tmp_path: Path) -> None:
+    out = tmp_path / "backup"
+    Path(f"{out}.part").write_bytes(b"stale")
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    Path(f"{out}.part.resume.tmp").symlink_to(victim)
+    key = b"k" * 32
+    journal = Journal(str(out), key)
+    journal.write(b"data")
+    time.sleep(1.1)  # a checkpoint is due every second
+    journal.commit(4, {"uuid": "x"}, Ledger())
+    journal.write(b"more")
+    time.sleep(1.1)
+    journal.commit(8, {"uuid": "x"}, Ledger())  # raises the first checkpoint's failure, if any
+    assert journal.offset == 4
+    journal.finish()
+    assert out.read_bytes() == b"datamore"
+    assert victim.read_bytes() == b"precious"
+    assert not Path(f"{out}.part").exists() and not Path(f"{out}.part.resume").exists()
+
+
+def test_a_resume_state_that_is_a_symlink_is_not_read(tmp_path: Path) -> None:
+    from sendstream.resume import ResumeError, load_state
+
+    key = b"k" * 32
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text(make_token(Checkpoint({"uuid": "x"}, 0, 0, Ledger().digest()), key))
+    out = tmp_path / "backup"
+    Path(f"{out}.part.resume").symlink_to(elsewhere)
+    with pytest.raises(ResumeError, match="cannot read"):
+        load_state(str(out), key)
+
+
+# --- options and the terminal --------------------------------------------------------------------------------------
+
+
+def test_no_key_and_no_terminal_is_a_usage_error_not_the_stream_read_as_a_password() -> None:
+    done = subprocess.run(
+        [*CMD, "send", "--to", "127.0.0.1:9", "-"],
+        input=SAMPLE.read_bytes(),
+        capture_output=True,
+        start_new_session=True,  # no controlling terminal, as under cron
+    )
+    assert done.returncode == 2
+    assert done.stderr == b"sendstream: error: no --key given, and no terminal to ask for a password: give --key FILE\n"
+
+
+def test_max_command_size_zero_is_refused() -> None:
+    done = run("verify", "--max-command-size", "0", str(SAMPLE))
+    assert done.returncode == 2
+    assert b"0 is not in the range 1<=x<=268435456" in done.stderr
+    with pytest.raises(e.UsageError):
+        verify_file(io.BytesIO(SAMPLE.read_bytes()), max_command_size=0)  # type: ignore[arg-type]
