@@ -418,6 +418,11 @@ class Framer:
             )
         required = _REQUIRED[self.version].get(cmd)
         if required is None:
+            if not self.strict and self.problems.counts_only(e.UnknownCommand):
+                self.problems.tally()
+                return Command(
+                    cmd, None, payload=mv[start:end], offset=origin + pos, index=index, crc=crc, version=self.version
+                )
             problem = e.UnknownCommand(
                 f"command number {cmd} is not defined in stream version {self.version}",
                 offset=origin + pos,
@@ -483,6 +488,9 @@ class Framer:
                 raise where.error(e.DuplicateAttribute, "the attribute appears twice", at, t, "each attribute once")
             seen.add(t)
             if t not in sizes:
+                if not self.strict and self.problems.counts_only(e.UnknownAttribute):
+                    self.problems.tally()
+                    continue
                 problem = where.error(
                     e.UnknownAttribute, f"attribute type {t} is not defined in stream version {self.version}", at, t,
                     f"1 to {MAX_ATTRIBUTE[self.version]}", t,

@@ -247,6 +247,15 @@ class ProblemLog(Sequence[FormatError]):
         if len(self._kept) < self._keep:
             self._kept.append(problem)
 
+    def counts_only(self, kind: type[FormatError]) -> bool:
+        """True when a problem of ``kind`` would not be kept: then :meth:`tally` it
+        instead of making the error (a hostile input holds millions)."""
+        return len(self._kept) >= self._keep and kind in self.first_of
+
+    def tally(self) -> None:
+        """Count one more problem of a kind for which :meth:`counts_only` is true."""
+        self.total += 1
+
     @property
     def dropped(self) -> int:
         """Problems counted but not kept."""
