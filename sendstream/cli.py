@@ -254,7 +254,7 @@ def convert(source: str, target: str, to_version: int | None, max_command_size: 
     with open_input(source) as inp, atomic_output(target) as out:
         for event in file_events(inp, framer):
             if isinstance(event, Restart):
-                raise framer.problems.last or e.UsageError("the stream restarted")
+                raise event.error(framer.commands)
             if downgrader is None:
                 out.write(encoder.send(event))
             else:

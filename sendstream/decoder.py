@@ -57,6 +57,16 @@ class Restart:
     partial: int
 
 
+    def error(self, index: int) -> e.StreamRestarted:
+        """The problem this restart is, found before command ``index`` of the input."""
+        return e.StreamRestarted(
+            f"stream restarted at offset {self.offset} after {self.commands} complete commands; "
+            f"{self.partial} bytes of a partial command before it",
+            offset=self.offset,
+            index=index,
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class EndOfInput:
     """The input ended cleanly after a complete stream, at ``offset``."""
@@ -134,7 +144,7 @@ class _Where:
 
 
 # The largest --max-command-size: a command is held whole in memory before it is checked.
-MAX_COMMAND_SIZE = 256 << 20
+MAX_COMMAND_SIZE = 256 << 20  # (the library takes any limit its caller chooses)
 
 
 def default_max_command_size(version: int) -> int:
@@ -158,8 +168,8 @@ class Framer:
         max_command_size: int | None = None,
         batch: bool = native.NATIVE,
     ) -> None:
-        if max_command_size is not None and not 0 < max_command_size <= MAX_COMMAND_SIZE:
-            raise e.UsageError(f"max_command_size must be 1 to {MAX_COMMAND_SIZE} bytes, not {max_command_size}")
+        if max_command_size is not None and max_command_size <= 0:
+            raise e.UsageError(f"max_command_size must be a positive number of bytes, not {max_command_size}")
         self.strict = strict
         # With keep_going, a framed command that fails its checks is recorded
         # in ``problems`` and returned raw, so checking goes on after it.
@@ -362,14 +372,7 @@ class Framer:
 
     def _restarted(self, origin: int, pos: int, at: int, version: int) -> tuple[Event, int, int]:
         event = Restart(origin + at, version, self.commands - self._stream_start, max(0, at - pos))
-        self.problems.append(
-            e.StreamRestarted(
-                f"stream restarted at offset {event.offset} after {event.commands} complete commands; "
-                f"{event.partial} bytes of a partial command before it",
-                offset=event.offset,
-                index=self.commands,
-            )
-        )
+        self.problems.append(event.error(self.commands))
         self.restarts += 1
         self.bytes += at - pos + STREAM_HEADER_SIZE
         self.start_stream(version)

@@ -226,7 +226,7 @@ class ProblemLog(Sequence[FormatError]):
     """The problems found in one input: every one counted, the first ``keep`` kept.
 
     A hostile input can hold millions of problems (a stream of unknown
-    commands), so memory stays at ``keep`` errors plus the last one, whatever
+    commands), so memory stays at ``keep`` errors (and the first of each kind), whatever
     the input; ``total`` is exact. Iteration and indexing see the kept ones.
     """
 
@@ -236,13 +236,11 @@ class ProblemLog(Sequence[FormatError]):
         self._keep = keep
         self._kept: list[FormatError] = []
         self.total = 0
-        self.last: FormatError | None = None
         # the first of each kind, kept whatever the count: the exit code is chosen by kind
         self.first_of: dict[type[FormatError], FormatError] = {}
 
     def append(self, problem: FormatError) -> None:
         self.total += 1
-        self.last = problem
         self.first_of.setdefault(type(problem), problem)
         if len(self._kept) < self._keep:
             self._kept.append(problem)
