@@ -210,48 +210,129 @@ static int crc_ok(const uint8_t *p, uint32_t len)
     return crc == le32(p + 6);
 }
 
-/* The TLV rules; with a, the attribute values are recorded there. */
-static int tlvs_ok(const uint8_t *p, uint32_t len, uint16_t cmd, int version, attrs_t *a)
+/* A lenient check lets unknown commands (kept raw, their TLVs unparsed) and
+ * unknown attributes through and counts them: the Python side then only
+ * counts such problems (it keeps the first hundred itself), so a stream of
+ * millions of them costs no more than a clean one. */
+enum { LENIENT_COMMANDS = 1, LENIENT_ATTRS = 2, LENIENT_STRICT = 4 }; /* strict: one problem per command */
+typedef struct {
+    const uint8_t *lo, *hi; /* the buffer */
+    int flags;
+    uint64_t commands, attrs; /* let through */
+} lenient_t;
+
+static const uint8_t STREAM_MAGIC[13] = "btrfs-stream";
+
+/* 1 when a stream header may start in the command at p (or in the 12 bytes
+ * before it), where the Python side looks for a restart in a command it
+ * does not take as clean, or when the buffer ends too soon to tell: such a
+ * command is left to the Python side. */
+static int magic_near(const lenient_t *l, const uint8_t *p, uint32_t len)
 {
-    if (cmd >= MAX_CMD || !cmd_known[version][cmd])
-        return 0;
-    const uint8_t *t = p + CMD_HDR, *end = t + len;
-    uint64_t seen = 0;
+    const uint8_t *end = p + CMD_HDR + len;
+    if (l->hi - end < (Py_ssize_t)sizeof STREAM_MAGIC)
+        return 1;
+    const uint8_t *from = p - l->lo >= (Py_ssize_t)sizeof STREAM_MAGIC ? p - (sizeof STREAM_MAGIC - 1) : l->lo;
+    const uint8_t *found = memmem(from, (size_t)(end + sizeof STREAM_MAGIC - 1 - from), STREAM_MAGIC, sizeof STREAM_MAGIC);
+    return found != NULL && found < end;
+}
+
+/* Attribute numbers above MAX_ATTR seen in the command being checked (a
+ * lenient check must find their duplicates too); cleared after each command. */
+static __thread uint64_t big_seen[65536 / 64];
+
+static const uint8_t *next_tlv(const uint8_t *t, const uint8_t *end, int version, uint16_t *type, size_t *vlen)
+{
+    size_t left = (size_t)(end - t);
+    if (version >= 2 && left >= 2 && le16(t) == A_DATA) {
+        *type = A_DATA;
+        *vlen = left - 2;
+        return end;
+    }
+    if (left < TLV_HDR)
+        return NULL;
+    *type = le16(t);
+    *vlen = le16(t + 2);
+    if (*vlen > left - TLV_HDR)
+        return NULL;
+    return t + TLV_HDR + *vlen;
+}
+
+static void clear_big(const uint8_t *t, const uint8_t *stop, const uint8_t *end, int version)
+{
+    uint16_t type;
+    size_t vlen;
+    while (t < stop && (t = next_tlv(t, end, version, &type, &vlen)) != NULL)
+        big_seen[type / 64] &= ~(1ull << (type % 64));
+}
+
+/* The TLV rules; with a, the attribute values are recorded there; with l,
+ * unknown commands and attributes may pass (and are counted there). */
+static int tlvs_ok(const uint8_t *p, uint32_t len, uint16_t cmd, int version, attrs_t *a, lenient_t *l)
+{
+    if (cmd >= MAX_CMD || !cmd_known[version][cmd]) {
+        if (!l || !(l->flags & LENIENT_COMMANDS) || magic_near(l, p, len))
+            return 0;
+        l->commands++;
+        return 1;
+    }
+    const uint8_t *first = p + CMD_HDR, *t = first, *end = first + len;
+    uint64_t seen = 0, seen_unknown = 0, unknown = 0;
+    int ok = 1, big = 0;
     while (t < end) {
-        size_t left = (size_t)(end - t);
         uint16_t type;
         size_t vlen;
-        if (version >= 2 && left >= 2 && le16(t) == A_DATA) {
-            type = A_DATA;
-            vlen = left - 2;
-            t = end;
-        } else {
-            if (left < TLV_HDR)
-                return 0;
-            type = le16(t);
-            vlen = le16(t + 2);
-            if (vlen > left - TLV_HDR)
-                return 0;
-            t += TLV_HDR + vlen;
+        const uint8_t *next = next_tlv(t, end, version, &type, &vlen);
+        if (!next) {
+            ok = 0;
+            break;
         }
-        if (type >= MAX_ATTR)
-            return 0;
-        int size = attr_size[version][type];
-        if (size == -2 || (size >= 0 && (size_t)size != vlen))
-            return 0;
-        if (seen & (1ull << type))
-            return 0;
-        if ((string_attrs >> type & 1) && memchr(t - vlen, 0, vlen))
-            return 0; /* unusual: the Python side reports it where it must (verify) */
+        int size = type < MAX_ATTR ? attr_size[version][type] : -2;
+        if (size == -2) {
+            if (!l || !(l->flags & LENIENT_ATTRS)) {
+                ok = 0;
+                break;
+            }
+            uint64_t *bits = type < MAX_ATTR ? &seen_unknown : &big_seen[type / 64];
+            uint64_t bit = 1ull << (type % 64);
+            big |= type >= MAX_ATTR;
+            if (*bits & bit) {
+                ok = 0;
+                break;
+            }
+            *bits |= bit;
+            unknown++;
+            t = next;
+            continue;
+        }
+        if (size >= 0 && (size_t)size != vlen) {
+            ok = 0;
+            break;
+        }
+        if (seen & (1ull << type)) {
+            ok = 0;
+            break;
+        }
+        if ((string_attrs >> type & 1) && memchr(next - vlen, 0, vlen)) {
+            ok = 0; /* unusual: the Python side reports it where it must (verify) */
+            break;
+        }
         seen |= 1ull << type;
         if (a) {
-            a->val[type] = t - vlen;
+            a->val[type] = next - vlen;
             a->len[type] = (uint32_t)vlen;
         }
+        t = next;
     }
+    if (big)
+        clear_big(first, t, end, version);
+    if (!ok || (required[version][cmd] & ~seen) != 0 || (unknown && magic_near(l, p, len)))
+        return 0;
     if (a)
         a->seen = seen;
-    return (required[version][cmd] & ~seen) == 0;
+    if (l)
+        l->attrs += (l->flags & LENIENT_STRICT) ? unknown > 0 : unknown;
+    return 1;
 }
 
 
@@ -308,16 +389,18 @@ typedef struct {
     const Py_ssize_t *starts;
     size_t from, to, failed;
     int version;
+    lenient_t lenient; /* flags 0: strict checks */
 } check_job;
 
 static void *check_range(void *arg)
 {
     check_job *j = arg;
     j->failed = j->to;
+    lenient_t *l = j->lenient.flags ? &j->lenient : NULL;
     for (size_t i = j->from; i < j->to; i++) {
         const uint8_t *p = j->buf + j->starts[i];
         uint32_t len = le32(p);
-        if (!crc_ok(p, len) || !tlvs_ok(p, len, le16(p + 4), j->version, NULL)) {
+        if (!crc_ok(p, len) || !tlvs_ok(p, len, le16(p + 4), j->version, NULL, l)) {
             j->failed = i;
             break;
         }
@@ -327,27 +410,41 @@ static void *check_range(void *arg)
 
 #define PARALLEL_MIN (4 << 20)
 
-/* Index of the first command that fails a check (n when none does). Large
- * runs are checked by two threads, each on half of the bytes. */
-static size_t check(const uint8_t *buf, const Py_ssize_t *starts, size_t n, Py_ssize_t end_pos, int version)
+/* Index of the first command that fails a check (n when none does); what a
+ * lenient check let through is added to *l. Large runs are checked by two
+ * threads, each on half of the bytes. */
+static size_t check(const uint8_t *buf, const Py_ssize_t *starts, size_t n, Py_ssize_t end_pos, int version,
+                    lenient_t *l)
 {
-    check_job a = {buf, starts, 0, n, n, version};
+    check_job a = {buf, starts, 0, n, n, version, *l};
+    a.lenient.commands = a.lenient.attrs = 0;
+    size_t failed;
     if (n >= 2 && end_pos - starts[0] >= PARALLEL_MIN) {
         Py_ssize_t half = starts[0] + (end_pos - starts[0]) / 2;
         size_t split = 1;
         while (split < n - 1 && starts[split] < half)
             split++;
-        check_job b = {buf, starts, split, n, n, version};
+        check_job b = a;
+        b.from = split;
         a.to = split;
         pthread_t thread;
         if (pthread_create(&thread, NULL, check_range, &b) == 0) {
             check_range(&a);
             pthread_join(thread, NULL);
-            return a.failed < split ? a.failed : b.failed;
+            failed = a.failed < split ? a.failed : b.failed;
+            if (failed == b.failed) { /* a's whole half passed */
+                l->commands += b.lenient.commands;
+                l->attrs += b.lenient.attrs;
+            }
+            l->commands += a.lenient.commands;
+            l->attrs += a.lenient.attrs;
+            return failed;
         }
         a.to = n;
     }
     check_range(&a);
+    l->commands += a.lenient.commands;
+    l->attrs += a.lenient.attrs;
     return a.failed;
 }
 
@@ -381,18 +478,50 @@ static int get_out(PyObject *obj, optbuf *b, Py_ssize_t itemsize, const char *wh
  * scan(buffer, pos, version, max_len, offsets=None, cmds=None, lens=None, base=0)
  *   -> (pos, status, need, count, nbytes)
  */
+/* The optional `unknown` argument of scan() and dump_text(): an array('Q') of
+ * three, [LENIENT_* flags, unknown commands, unknown attributes]; the counts
+ * of what a lenient check let through are added to it. */
+static int get_lenient(PyObject *obj, optbuf *b, lenient_t *l, const Py_buffer *in)
+{
+    memset(l, 0, sizeof *l);
+    l->lo = in->buf;
+    l->hi = (const uint8_t *)in->buf + in->len;
+    if (get_out(obj, b, 8, "unknown") < 0)
+        return -1;
+    if (b->have) {
+        if (b->view.len < 24) {
+            PyErr_SetString(PyExc_ValueError, "unknown must hold 3 counters");
+            return -1;
+        }
+        l->flags = (int)((uint64_t *)b->view.buf)[0] & (LENIENT_COMMANDS | LENIENT_ATTRS | LENIENT_STRICT);
+        if (!(l->flags & (LENIENT_COMMANDS | LENIENT_ATTRS)))
+            l->flags = 0;
+    }
+    return 0;
+}
+
+static void put_lenient(optbuf *b, const lenient_t *l)
+{
+    if (b->have) {
+        ((uint64_t *)b->view.buf)[1] += l->commands;
+        ((uint64_t *)b->view.buf)[2] += l->attrs;
+    }
+}
+
 static PyObject *scan(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"buffer", "pos", "version", "max_len", "offsets", "cmds", "lens", "base", "crcs", NULL};
+    static char *kwlist[] = {"buffer", "pos",  "version", "max_len", "offsets", "cmds",
+                             "lens",   "base", "crcs",    "unknown", NULL};
     Py_buffer in;
     Py_ssize_t pos;
     int version;
     unsigned long long max_len, base = 0;
-    PyObject *o_off = Py_None, *o_cmd = Py_None, *o_len = Py_None, *o_crc = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*niK|OOOKO", kwlist, &in, &pos, &version, &max_len, &o_off,
-                                     &o_cmd, &o_len, &base, &o_crc))
+    PyObject *o_off = Py_None, *o_cmd = Py_None, *o_len = Py_None, *o_crc = Py_None, *o_unknown = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*niK|OOOKOO", kwlist, &in, &pos, &version, &max_len, &o_off,
+                                     &o_cmd, &o_len, &base, &o_crc, &o_unknown))
         return NULL;
-    optbuf off = {0}, cmds = {0}, lens = {0}, crcs = {0};
+    optbuf off = {0}, cmds = {0}, lens = {0}, crcs = {0}, unknown = {0};
+    lenient_t lenient;
     PyObject *result = NULL;
     if (!configured) {
         PyErr_SetString(PyExc_RuntimeError, "configure() was not called");
@@ -403,7 +532,8 @@ static PyObject *scan(PyObject *self, PyObject *args, PyObject *kw)
         goto out;
     }
     if (get_out(o_off, &off, 8, "offsets") < 0 || get_out(o_cmd, &cmds, 2, "cmds") < 0 ||
-        get_out(o_len, &lens, 4, "lens") < 0 || get_out(o_crc, &crcs, 4, "crcs") < 0)
+        get_out(o_len, &lens, 4, "lens") < 0 || get_out(o_crc, &crcs, 4, "crcs") < 0 ||
+        get_lenient(o_unknown, &unknown, &lenient, &in) < 0)
         goto out;
     Py_ssize_t cap = PY_SSIZE_T_MAX;
     if (off.have && off.view.len / 8 < cap) cap = off.view.len / 8;
@@ -425,7 +555,7 @@ static PyObject *scan(PyObject *self, PyObject *args, PyObject *kw)
     for (;;) {
         size_t room = (size_t)(cap - count) < batch ? (size_t)(cap - count) : batch;
         size_t n = frame(buf, in.len, pos, max_len, room, starts, &stop);
-        size_t ok = check(buf, starts, n, stop.pos, version);
+        size_t ok = check(buf, starts, n, stop.pos, version, &lenient);
         for (size_t i = 0; i < ok; i++) {
             uint32_t len = le32(buf + starts[i]);
             if (off.have) ((uint64_t *)off.view.buf)[count] = base + (uint64_t)starts[i];
@@ -449,9 +579,11 @@ static PyObject *scan(PyObject *self, PyObject *args, PyObject *kw)
     Py_END_ALLOW_THREADS
     PyMem_RawFree(starts);
     pos = stop.pos;
+    put_lenient(&unknown, &lenient);
     unsigned long long nbytes = (unsigned long long)(pos - first);
     result = Py_BuildValue("niniK", pos, stop.status, stop.need, count, nbytes);
 out:
+    if (unknown.have) PyBuffer_Release(&unknown.view);
     if (off.have) PyBuffer_Release(&off.view);
     if (cmds.have) PyBuffer_Release(&cmds.view);
     if (lens.have) PyBuffer_Release(&lens.view);
@@ -822,15 +954,21 @@ static PyObject *dump_text(PyObject *self, PyObject *args)
     Py_ssize_t pos, max_text;
     int version, raw_xattr;
     unsigned long long max_len;
-    if (!PyArg_ParseTuple(args, "y*niKy*pn", &in, &pos, &version, &max_len, &sv, &raw_xattr, &max_text))
+    PyObject *o_unknown = Py_None;
+    if (!PyArg_ParseTuple(args, "y*niKy*pn|O", &in, &pos, &version, &max_len, &sv, &raw_xattr, &max_text,
+                          &o_unknown))
         return NULL;
     PyObject *result = NULL;
     out_t o = {0}, subvol = {0}, tmp = {0};
     time_cache_t times = {0};
+    optbuf unknown = {0};
+    lenient_t lenient;
     if (!configured || version < 1 || version > MAX_VERSION || pos < 0 || pos > in.len) {
         PyErr_SetString(PyExc_ValueError, "bad version or position, or not configured");
         goto out;
     }
+    if (get_lenient(o_unknown, &unknown, &lenient, &in) < 0)
+        goto out;
     put(&subvol, sv.buf, (size_t)sv.len);
     dumper_t d = {&o, &subvol, &tmp, &times, raw_xattr};
     const uint8_t *buf = in.buf;
@@ -846,7 +984,8 @@ static PyObject *dump_text(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     for (;;) {
         size_t n = frame(buf, in.len, pos, max_len, batch, starts, &stop);
-        size_t ok = check(buf, starts, n, stop.pos, version), i;
+        lenient_t counted = lenient;
+        size_t ok = check(buf, starts, n, stop.pos, version, &counted), i;
         for (i = 0; i < ok; i++) {
             const uint8_t *p = buf + starts[i];
             uint16_t cmd = le16(p + 4);
@@ -854,11 +993,16 @@ static PyObject *dump_text(PyObject *self, PyObject *args)
                 stop.status = ST_FULL;
                 break;
             }
-            tlvs_ok(p, le32(p), cmd, version, &at);
-            if (cmd != C_END && !dump_line(&d, cmd, &at)) {
+            lenient_t one = lenient;
+            one.commands = one.attrs = 0;
+            tlvs_ok(p, le32(p), cmd, version, &at, lenient.flags ? &one : NULL);
+            /* an unknown command prints nothing, as in btrfs-progs */
+            if (cmd != C_END && !(one.commands || dump_line(&d, cmd, &at))) {
                 stop.status = ST_STOP;
                 break;
             }
+            lenient.commands += one.commands;
+            lenient.attrs += one.attrs;
             count++;
         }
         if (i < n) {
@@ -877,6 +1021,7 @@ static PyObject *dump_text(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     PyMem_RawFree(starts);
     pos = stop.pos;
+    put_lenient(&unknown, &lenient);
     unsigned long long nbytes = (unsigned long long)(pos - first);
     int status = stop.status;
     Py_ssize_t need = stop.need;
@@ -887,6 +1032,7 @@ static PyObject *dump_text(PyObject *self, PyObject *args)
     result = Py_BuildValue("niniKy#y#", pos, status, need, count, nbytes, o.buf ? o.buf : "", (Py_ssize_t)o.len,
                            subvol.buf, (Py_ssize_t)subvol.len);
 out:
+    if (unknown.have) PyBuffer_Release(&unknown.view);
     free(o.buf);
     free(subvol.buf);
     free(tmp.buf);

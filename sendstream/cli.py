@@ -213,10 +213,13 @@ def verify(
         click.echo(f"sendstream: error: {problem}", err=True)
     if report.problems.dropped:
         click.echo(f"sendstream: error: {report.problems.dropped} more problems not shown", err=True)
+    _warn(report.warnings)
     if not quiet:
         rate = report.bytes / report.seconds / 1e6 if report.seconds else 0.0
-        count = report.problems.total
+        count, warned = report.problems.total, report.warnings.total
         status = "OK" if report.ok else f"FAILED ({count} problem{'s' * (count != 1)})"
+        if warned:
+            status += f" ({warned} warning{'s' * (warned != 1)})"
         click.echo(
             f"{status}: {report.streams} stream{'s' * (report.streams != 1)}, {report.commands} commands, "
             f"{report.bytes} bytes in {report.seconds:.3f} s ({rate:.1f} MB/s)"

@@ -164,6 +164,7 @@ class Framer:
         self,
         *,
         strict: bool = False,
+        check_names: bool = False,
         keep_going: bool = False,
         max_command_size: int | None = None,
         batch: bool = native.NATIVE,
@@ -171,6 +172,10 @@ class Framer:
         if max_command_size is not None and max_command_size <= 0:
             raise e.UsageError(f"max_command_size must be a positive number of bytes, not {max_command_size}")
         self.strict = strict
+        # With check_names, a name or path with a NUL is a warning (UnsafeValue): the
+        # kernel never writes one, and btrfs receive would apply another path.
+        self.check_names = check_names
+        self.warnings = e.ProblemLog()
         # With keep_going, a framed command that fails its checks is recorded
         # in ``problems`` and returned raw, so checking goes on after it.
         self.keep_going = keep_going
@@ -189,6 +194,8 @@ class Framer:
         self._clean = array("Q", bytes(8 * _CLEAN_AHEAD))
         self._clean_in: memoryview | None = None
         self._clean_next = self._clean_count = 0
+        self._clean_lenient = False
+        self._unknown = array("Q", [0, 0, 0])  # a lenient scan's flags and counts (native.native_scan)
         self._hdr_crc: dict[int, int] = {}
 
     @property
@@ -202,12 +209,28 @@ class Framer:
         self.version = version
         self._limit = self.max_command_size or default_max_command_size(version)
 
-    def skip(self, commands: int, nbytes: int, *, ended: bool) -> None:
-        """Count commands a batch scanner checked; ``ended``: the last was END."""
+    def skip(self, commands: int, nbytes: int, *, ended: bool, unknown: array[int] | None = None) -> None:
+        """Count commands a batch scanner checked; ``ended``: the last was END; ``unknown``:
+        the counters of a lenient scan (:meth:`lenient`), whose problems are counted."""
         self.commands += commands
         self.bytes += nbytes
+        if unknown is not None:
+            self.problems.tally(unknown[1] + unknown[2])
         if ended:
             self.version = 0
+
+    def lenient(self) -> array[int] | None:
+        """Counters for a native scan that lets unknown commands and attributes through, when
+        their problems are only counted by now (see ``ProblemLog.counts_only``); else None."""
+        flags = native.LENIENT_COMMANDS if self.problems.counts_only(e.UnknownCommand) else 0
+        if self.problems.counts_only(e.UnknownAttribute):
+            flags |= native.LENIENT_ATTRS
+        if not flags:
+            return None
+        if self.strict:
+            flags |= native.LENIENT_STRICT
+        self._unknown[0], self._unknown[1], self._unknown[2] = flags, 0, 0
+        return self._unknown
 
     def step(self, mv: memoryview, pos: int, eof: bool, origin: int) -> tuple[Event | NeedData, int, int]:
         if self.version:
@@ -381,7 +404,9 @@ class Framer:
     def _checked_ahead(self, mv: memoryview, pos: int) -> bool:
         i = self._clean_next
         if i >= self._clean_count or self._clean_in is not mv or self._clean[i] != pos:
-            self._clean_count = native.native_scan(mv, pos, self.version, self._limit, self._clean)[3]
+            unknown = self.lenient()
+            self._clean_count = native.native_scan(mv, pos, self.version, self._limit, self._clean, unknown=unknown)[3]
+            self._clean_lenient = unknown is not None  # then counted as each command is handed out
             self._clean_in = mv
             self._clean_next = 0
         return self._clean_next < self._clean_count
@@ -389,9 +414,24 @@ class Framer:
     def _clean_command(self, mv: memoryview, pos: int, origin: int) -> tuple[Command, int, int]:
         self._clean_next += 1
         length, cmd, crc = _unpack_cmd(mv, pos)
-        end = pos + COMMAND_HEADER_SIZE + length
-        attrs = self._split(mv, pos + COMMAND_HEADER_SIZE, end, None)
-        command = Command(cmd, attrs, offset=origin + pos, index=self.commands, crc=crc, version=self.version)
+        start = pos + COMMAND_HEADER_SIZE
+        end = start + length
+        if self._clean_lenient and cmd not in _REQUIRED[self.version]:
+            self.problems.tally()
+            attrs = None
+        else:
+            attrs = self._split(mv, start, end, None)
+            if self._clean_lenient:
+                sizes = _ATTR_SIZES[self.version]
+                if unknown := sum(t not in sizes for t, _ in attrs):
+                    if self.strict:
+                        unknown = 1  # one problem, and the command raw, as the strict framer leaves it
+                        attrs = None
+                    self.problems.tally(unknown)
+        command = Command(
+            cmd, attrs, payload=None if attrs is not None else mv[start:end], offset=origin + pos,
+            index=self.commands, crc=crc, version=self.version,
+        )  # fmt: skip
         self.commands += 1
         self.bytes += end - pos
         if cmd == C_END:
@@ -503,10 +543,12 @@ class Framer:
                 self.problems.append(problem)
             elif (size := sizes[t]) is not None and len(value) != size:
                 raise where.error(e.AttributeSize, "the value has the wrong size", at, t, f"{size} bytes", len(value))
-            elif self.strict and t in _STRINGS and b"\0" in bytes(value):
-                raise where.error(
-                    e.UnsafeValue, "it holds a NUL byte, where btrfs receive would cut it and use another path", at,
-                    t, "no NUL byte", f"a NUL at byte {bytes(value).index(0)}",
+            elif self.check_names and t in _STRINGS and b"\0" in bytes(value):
+                self.warnings.append(
+                    where.error(
+                        e.UnsafeValue, "it holds a NUL byte, where btrfs receive would cut it and use another path",
+                        at, t, "no NUL byte", f"a NUL at byte {bytes(value).index(0)}",
+                    )
                 )  # fmt: skip
         if not required <= seen:
             raise where.error(

@@ -100,9 +100,11 @@ class TextDumper:
         if not NATIVE:
             return None
 
-        def batch(mv: Any, pos: int, version: int, limit: int, origin: int) -> tuple[int, int, int, int, int]:
+        def batch(
+            mv: Any, pos: int, version: int, limit: int, origin: int, unknown: Any
+        ) -> tuple[int, int, int, int, int]:
             pos, status, need, count, nbytes, text, self.subvol_path = module.dump_text(
-                mv, pos, version, limit, self.subvol_path, self.raw_xattr_data, _TEXT_BATCH
+                mv, pos, version, limit, self.subvol_path, self.raw_xattr_data, _TEXT_BATCH, unknown
             )
             out.write(text)
             return pos, status, need, count, nbytes

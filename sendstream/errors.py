@@ -188,7 +188,7 @@ class AttributeSize(BadAttribute):
 
 class UnsafeValue(BadAttribute):
     """A name or path with a NUL byte: the kernel never writes one, and btrfs
-    receive would cut the path there and apply another one (strict mode only)."""
+    receive would cut the path there and apply another one (``verify`` reports it)."""
 
     kind = "cannot be applied safely"
 
@@ -250,9 +250,9 @@ class ProblemLog(Sequence[FormatError]):
         instead of making the error (a hostile input holds millions)."""
         return len(self._kept) >= self._keep and kind in self.first_of
 
-    def tally(self) -> None:
-        """Count one more problem of a kind for which :meth:`counts_only` is true."""
-        self.total += 1
+    def tally(self, n: int = 1) -> None:
+        """Count ``n`` more problems of a kind for which :meth:`counts_only` is true."""
+        self.total += n
 
     @property
     def dropped(self) -> int:

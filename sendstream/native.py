@@ -18,6 +18,9 @@ from .layout import ATTRIBUTES, COMMANDS, MAX_ATTRIBUTE, MAX_COMMAND, MAX_VERSIO
 # What a scan reports: a partial command at pos (needing ``need`` bytes),
 # pos just after END, a command at pos for the Python path, arrays full.
 NEED, END, STOP, FULL = 0, 1, 2, 3
+# What a lenient scan lets through (and counts): unknown commands, unknown attributes;
+# strict: a command with unknown attributes is one problem, as the strict framer sees it.
+LENIENT_COMMANDS, LENIENT_ATTRS, LENIENT_STRICT = 1, 2, 4
 
 module: Any = None
 if not os.environ.get("SENDSTREAM_PURE"):
@@ -48,12 +51,16 @@ def native_scan(
     lens: Any = None,
     base: int = 0,
     crcs: Any = None,
+    unknown: Any = None,
 ) -> tuple[int, int, int, int, int]:
     """Check every clean command from ``pos``: ``(pos, status, need, count, nbytes)``.
 
     Optional arrays (``array('Q')``, ``array('H')``, ``array('I')``,
     ``array('I')``) receive each command's offset (plus ``base``), number,
     payload length and CRC; the scan stops with FULL when they are full.
+    ``unknown``, an ``array('Q')`` of ``[flags, commands, attributes]``, lets
+    unknown commands (:data:`LENIENT_COMMANDS`) and attributes
+    (:data:`LENIENT_ATTRS`) through as clean and adds how many to it.
     Only when :data:`NATIVE`.
     """
-    return module.scan(buf, pos, version, max_len, offsets, cmds, lens, base, crcs)  # type: ignore[no-any-return]
+    return module.scan(buf, pos, version, max_len, offsets, cmds, lens, base, crcs, unknown)  # type: ignore[no-any-return]

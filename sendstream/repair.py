@@ -80,8 +80,10 @@ class Healer:
         """The batch function for clean runs (None without the native module)."""
         return self._batch if NATIVE else None
 
-    def _batch(self, mv: Any, pos: int, version: int, limit: int, origin: int) -> tuple[int, int, int, int, int]:
-        result = native_scan(mv, pos, version, limit, None, None, self._run_lens, 0, self._run_crcs)
+    def _batch(
+        self, mv: Any, pos: int, version: int, limit: int, origin: int, unknown: Any
+    ) -> tuple[int, int, int, int, int]:
+        result = native_scan(mv, pos, version, limit, None, None, self._run_lens, 0, self._run_crcs, unknown)
         count = result[3]
         if count:
             self._run(mv, pos, origin + pos, self._run_lens[:count], self._run_crcs[:count], result[4], True)

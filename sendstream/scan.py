@@ -14,14 +14,16 @@ from .decoder import Framer
 from .errors import FormatError
 from .native import END, NEED, STOP
 
-# batch(window, pos, version, limit, origin) -> (pos, status, need, count, nbytes)
-Batch = Callable[[Any, int, int, int, int], tuple[int, int, int, int, int]]
+# batch(window, pos, version, limit, origin, unknown) -> (pos, status, need, count, nbytes);
+# ``unknown`` is None or the lenient counters of native_scan, to pass on.
+Batch = Callable[[Any, int, int, int, int, Any], tuple[int, int, int, int, int]]
 
 
 def run_batch(framer: Framer, batch: Batch, mv: memoryview, pos: int, origin: int) -> tuple[int, int, int]:
     """Run a batch function from ``pos`` and count what it checked: ``(pos, status, need)``."""
-    pos, status, need, count, nbytes = batch(mv, pos, framer.version, framer.limit, origin)
-    framer.skip(count, nbytes, ended=status == END)
+    unknown = framer.lenient()
+    pos, status, need, count, nbytes = batch(mv, pos, framer.version, framer.limit, origin, unknown)
+    framer.skip(count, nbytes, ended=status == END, unknown=unknown)
     return pos, status, need
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from . import errors as e
 from .decoder import Framer
@@ -29,6 +29,8 @@ class Report:
     bytes: int = 0
     seconds: float = 0.0
     problems: e.ProblemLog = field(default_factory=e.ProblemLog)
+    # well-formed, but what btrfs receive would not apply as written (a name with a NUL)
+    warnings: e.ProblemLog = field(default_factory=e.ProblemLog)
 
     @property
     def ok(self) -> bool:
@@ -43,8 +45,10 @@ class Report:
         return e.EXIT_OK if first is None else first.exit_code
 
 
-def _scan(mv: memoryview, pos: int, version: int, limit: int, origin: int) -> tuple[int, int, int, int, int]:
-    return native_scan(mv, pos, version, limit)
+def _scan(
+    mv: memoryview, pos: int, version: int, limit: int, origin: int, unknown: Any
+) -> tuple[int, int, int, int, int]:
+    return native_scan(mv, pos, version, limit, unknown=unknown)
 
 
 def verify_file(source: BinaryIO, *, keep_going: bool = False, max_command_size: int | None = None) -> Report:
@@ -52,7 +56,7 @@ def verify_file(source: BinaryIO, *, keep_going: bool = False, max_command_size:
     known for the version, required attributes and their sizes, END, and
     no trailing bytes. Memory stays at one window whatever the input size.
     """
-    framer = Framer(strict=True, keep_going=keep_going, max_command_size=max_command_size)
+    framer = Framer(strict=True, check_names=True, keep_going=keep_going, max_command_size=max_command_size)
     started = time.perf_counter()
     try:
         for _ in file_events(source, framer, _scan if NATIVE else None):
@@ -60,7 +64,8 @@ def verify_file(source: BinaryIO, *, keep_going: bool = False, max_command_size:
     except e.FormatError as exc:
         # without its traceback the error holds no view of the input window
         framer.problems.append(exc.with_traceback(None))
-    return Report(framer.streams, framer.commands, framer.bytes, time.perf_counter() - started, framer.problems)
+    seconds = time.perf_counter() - started
+    return Report(framer.streams, framer.commands, framer.bytes, seconds, framer.problems, framer.warnings)
 
 
 def find_headers(source: BinaryIO) -> Iterator[tuple[int, int]]:
