@@ -310,70 +310,137 @@ def _proc(fd: int, name: bytes | None = None) -> bytes:
     return base if name is None else base + b"/" + name
 
 
+class _CachedDir:
+    """A cached directory fd and the cached directories in it (a trie node)."""
+
+    __slots__ = ("children", "fd")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.children: dict[bytes, _CachedDir] = {}
+
+
 class _Tree:
     """A directory opened once; paths below it resolved without following symlinks.
 
-    Directory fds of resolved parents are cached (keyed by their components)
-    until :meth:`forget` (after anything that moves or removes directories);
-    :meth:`trim` bounds the cache between commands, never during one, so an
-    fd a command holds stays valid until it is done.
+    Directory fds of resolved parents are cached in a trie of components, so
+    every cached directory's ancestors are cached too and a lookup costs one
+    step per component, whatever the depth. At most ``_FD_CACHE_MAX`` are
+    cached; past that, directories are opened one by one, each closed once
+    the next is open, and the one asked for is kept as the cursor, where the
+    next lookup below it starts (a deep chain costs one open per command).
+    Entries are dropped by :meth:`forget_under` (after anything that moves or
+    removes directories); fds handed out are closed by :meth:`trim`, which
+    runs between commands, never during one, so an fd a command holds stays
+    valid until it is done.
     """
 
     def __init__(self, fd: int, label: str) -> None:
         self.fd = fd
         self.label = label
-        self._dirs: dict[tuple[bytes, ...], int] = {}
+        self._root = _CachedDir(fd)
+        self._cached = 0
+        self._cursor: tuple[tuple[bytes, ...], int] | None = None
+        self._loose: list[int] = []  # handed out during this command, not cached
 
     def forget(self) -> None:
-        for fd in self._dirs.values():
-            os.close(fd)
-        self._dirs.clear()
+        self._forget_cached()
+        self._drop_cursor()
+        self.trim()
+
+    def _forget_cached(self) -> None:
+        self._close_subtrees(list(self._root.children.values()))
+        self._root.children.clear()
+
+    def _close_subtrees(self, stack: list[_CachedDir]) -> None:
+        while stack:
+            node = stack.pop()
+            os.close(node.fd)
+            self._cached -= 1
+            stack.extend(node.children.values())
+
+    def _drop_cursor(self) -> None:
+        if self._cursor is not None:
+            self._loose.append(self._cursor[1])  # the command may still use it
+            self._cursor = None
 
     def forget_under(self, parts: tuple[bytes, ...]) -> None:
         """Forget the directories at ``parts`` and below (it was moved or removed)."""
-        if parts not in self._dirs:  # the cache holds every ancestor of what it holds
-            return
-        n = len(parts)
-        for key in [k for k in self._dirs if k[:n] == parts]:
-            os.close(self._dirs.pop(key))
+        if self._cursor is not None and self._cursor[0][: len(parts)] == parts:
+            self._drop_cursor()
+        node = self._root
+        for name in parts[:-1]:
+            child = node.children.get(name)
+            if child is None:
+                return
+            node = child
+        gone = node.children.pop(parts[-1], None) if parts else None
+        if gone is not None:
+            self._close_subtrees([gone])
 
     def trim(self) -> None:
-        if len(self._dirs) >= _FD_CACHE_MAX:
-            self.forget()
+        while self._loose:
+            os.close(self._loose.pop())
+        if self._cached >= _FD_CACHE_MAX:
+            self._forget_cached()
 
     def close(self) -> None:
         self.forget()
         os.close(self.fd)
 
     def directory(self, parts: tuple[bytes, ...]) -> int:
-        """The fd of the directory ``parts`` (borrowed: valid until :meth:`forget`)."""
-        if not parts:
-            return self.fd
-        fd = self._dirs.get(parts)
-        if fd is not None:
-            return fd
-        parent = self.directory(parts[:-1])
-        name = parts[-1]
+        """The fd of the directory ``parts`` (borrowed: valid until :meth:`trim`)."""
+        node = self._root
+        known = 0  # components resolved without opening anything
+        for name in parts:
+            child = node.children.get(name)
+            if child is None:
+                break
+            node = child
+            known += 1
+        fd = node.fd
+        caching, owned = True, False  # owned: fd is an intermediate one, ours to close
+        cursor = self._cursor
+        if cursor is not None and known < len(cursor[0]) <= len(parts) and parts[: len(cursor[0])] == cursor[0]:
+            known, fd, caching = len(cursor[0]), cursor[1], False
+        for depth in range(known, len(parts)):
+            try:
+                new = self._open(fd, parts, depth)
+            finally:
+                if owned:
+                    os.close(fd)
+            if caching and self._cached < _FD_CACHE_MAX:
+                child = _CachedDir(new)
+                node.children[parts[depth]] = child
+                node = child
+                self._cached += 1
+            else:
+                caching = False
+                owned = depth + 1 < len(parts)
+            fd = new
+        if not caching and (cursor is None or fd != cursor[1]):
+            self._drop_cursor()
+            self._cursor = (parts, fd)
+        return fd
+
+    def _open(self, parent: int, parts: tuple[bytes, ...], depth: int) -> int:
+        """Open the directory ``parts[depth]`` in ``parent`` (which is ``parts[:depth]``)."""
+        name = parts[depth]
         try:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+            return os.open(name, _DIR_FLAGS, dir_fd=parent)
         except OSError as exc:
+            shown = _show(b"/".join(parts[: depth + 1]))
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 with contextlib.suppress(OSError):
                     if stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
                         raise UnsafePath(
-                            f"'{_show(b'/'.join(parts))}' in {self.label} is a symlink",
+                            f"'{shown}' in {self.label} is a symlink",
                             expected="a directory (symlinks are never followed)",
                         ) from None
-                raise ApplyError(
-                    f"'{_show(b'/'.join(parts))}' in {self.label} is not a directory",
-                    errno=errno.ENOTDIR,
-                ) from None
+                raise ApplyError(f"'{shown}' in {self.label} is not a directory", errno=errno.ENOTDIR) from None
             raise ApplyError(
-                f"cannot open directory '{_show(b'/'.join(parts))}' in {self.label}: {exc.strerror}",
-                errno=exc.errno,
+                f"cannot open directory '{shown}' in {self.label}: {exc.strerror}", errno=exc.errno
             ) from None
-        self._dirs[parts] = fd
-        return fd
 
     def open_regular(self, parts: tuple[bytes, ...], flags: int, what: str) -> int:
         """An fd of the regular file at ``parts`` opened with ``flags``.

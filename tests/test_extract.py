@@ -1050,3 +1050,68 @@ def test_the_comparison_sees_each_attribute(tmp_path: Path) -> None:
         "hard links",
     ):
         assert needle in found, found
+
+
+# --- limits: deep trees, clone copies, skips, hostile values ----------------------
+
+
+def deep(depth: int, name: bytes = b"a") -> bytes:
+    return b"/".join([name] * depth)
+
+
+def read_deep(root: Path, path: bytes) -> bytes:
+    """The content of the file ``path`` below ``root``, opened component by component
+    (the full path is longer than the kernel resolves at once, PATH_MAX)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    parts = path.split(b"/")
+    try:
+        for part in parts[:-1]:
+            fd, old = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), fd
+            os.close(old)
+        with open(os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd), "rb") as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("depth", [1000, 2000])
+def test_deep_directory_chain(tmp_path: Path, depth: int) -> None:
+    """A legal chain of directories 1,000 and 2,000 deep (paths under 4096 bytes):
+    resolved without recursion, with a bounded number of fds, and what a rename
+    moves is no longer reached by its old path."""
+    up = 100  # within the fds cached, so the rename leaves the last deep directory used as it is
+    commands = [subvol()]
+    commands += [mkdir(deep(i), 400 + i) for i in range(1, depth + 1)]
+    commands += [mkfile(deep(depth) + b"/f", 300), write(deep(depth) + b"/f", b"deep\n")]
+    moved = b"b/" + deep(depth - 1)  # a -> b: everything below is reached through b now
+    commands += [rename(b"a", b"b"), mkfile(moved + b"/g", 301), write(moved + b"/g", b"moved\n")]
+    # move the chain below depth 100 up to c: the last directory used is in it
+    commands += [rename(b"b/" + deep(up - 1), b"c")]
+    failing = mkfile(moved + b"/h", 302)
+    data, offsets = stream_of(*commands, failing)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    import resource
+
+    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (400, limits[1]))  # the fd cache keeps 256
+        try:
+            with pytest.raises(ApplyError) as caught:
+                extract(io.BytesIO(data), dest)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+        assert (caught.value.offset, caught.value.index, caught.value.command) == (offsets[-1], len(commands), "mkfile")
+        assert "No such file or directory" in str(caught.value)
+        lower = b"c/" + deep(depth - up)
+        assert read_deep(dest, lower + b"/f") == b"deep\n"
+        assert read_deep(dest, lower + b"/g") == b"moved\n"
+        assert sorted(os.listdir(dest)) == ["b", "c"]
+        data, _ = stream_of(*commands, mkfile(lower + b"/h", 302), build("end"))
+        subprocess.run(["rm", "-rf", "--", str(dest)], check=True)  # shutil.rmtree recurses
+        dest.mkdir()
+        report = extract(io.BytesIO(data), dest)
+        assert report.applied == len(commands) + 2
+        assert read_deep(dest, lower + b"/h") == b""
+    finally:
+        subprocess.run(["rm", "-rf", "--", str(dest)], check=True)
