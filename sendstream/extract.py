@@ -38,7 +38,10 @@ Differences from ``btrfs receive``, by design or by necessity:
 - FILEATTR (inode flags) is ignored, as btrfs-progs 6.2 ignores it;
   UPDATE_EXTENT (``--no-data``) carries no data and is skipped, as there;
 - CLONE is a reflink (``FICLONERANGE``) where DIR's file system can, else a
-  copy that keeps the source's holes;
+  copy that keeps the source's holes; such copies are bounded: over the
+  whole extraction they copy at most ``max_clone_copy`` bytes of data (a
+  stream can double a file with each CLONE), and each must fit in the free
+  space of DIR's file system, checked before the command writes anything;
 - ENCODED_WRITE is always decompressed (zlib, zstd, lzo) and written;
 - ENABLE_VERITY is tried with ``FS_IOC_ENABLE_VERITY`` and skipped (reported)
   where the file system refuses;
@@ -69,7 +72,7 @@ import fcntl
 import os
 import stat
 import struct
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, BinaryIO
 from uuid import UUID
@@ -83,6 +86,7 @@ from .files import file_events
 from .paths import Statistics
 
 __all__ = [
+    "MAX_CLONE_COPY",
     "ApplyError",
     "BadCommand",
     "CloneSourceMissing",
@@ -114,6 +118,8 @@ FS_IOC_ENABLE_VERITY = 0x40806685  # _IOW('f', 133, struct fsverity_enable_arg)
 
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FD_CACHE_MAX = 256
+# What clones may copy (data bytes) over a whole extraction where DIR cannot reflink.
+MAX_CLONE_COPY = 64 << 30
 
 
 # --- errors ----------------------------------------------------------------
@@ -236,6 +242,7 @@ class ExtractReport:
     skipped: list[Skipped] = dataclasses.field(default_factory=list)
     applied: int = 0
     data_bytes: int = 0  # file bytes written (WRITE, ENCODED_WRITE unencoded) and cloned
+    copied_bytes: int = 0  # data bytes clones copied where the file system could not reflink
 
     def skip_groups(self) -> list[tuple[Skipped, int]]:
         """The skips grouped by command and kind of reason: the first of each, and how many."""
@@ -541,7 +548,9 @@ class Extractor:
     the UUID of a clone-source subvolume to the directory holding its
     extraction; each directory of ``clone_dirs`` may hold such extractions
     in subdirectories named by UUID (``DIR/9db24a68-fcc1-...``). The
-    subvolume being extracted is its own clone source. ``on_skip`` is
+    subvolume being extracted is its own clone source. Where the file system
+    cannot reflink, clones copy at most ``max_clone_copy`` bytes of data in
+    all (:class:`sendstream.errors.LimitExceeded` past it). ``on_skip`` is
     called for every :class:`Skipped` as it happens.
     """
 
@@ -553,11 +562,13 @@ class Extractor:
         clone_dirs: Sequence[str | os.PathLike[str]] = (),
         per_subvolume: bool = False,
         max_unencoded: int = MAX_UNENCODED,
+        max_clone_copy: int = MAX_CLONE_COPY,
         on_skip: Callable[[Skipped], None] | None = None,
     ) -> None:
         self.dest = os.fspath(dest)
         self.per_subvolume = per_subvolume
         self.max_unencoded = max_unencoded
+        self.max_clone_copy = max_clone_copy
         self.report = ExtractReport()
         self._on_skip = on_skip
         self._clone_sources = {u: os.fspath(p) for u, p in (clone_sources or {}).items()}
@@ -670,6 +681,9 @@ class Extractor:
         except ExtractError as exc:
             self._stop_writing()
             _locate(exc, command, path)
+            raise
+        except e.LimitExceeded:
+            self._stop_writing()
             raise
         except KeyError as exc:
             self._stop_writing()
@@ -1120,10 +1134,40 @@ class Extractor:
                 src_offset < offset + length and offset < src_offset + length
             ):
                 raise BadCommand("the clone range overlaps its source in the same file", expected="separate ranges")
-            _clone_range(src, src_offset, length, dst, offset)
+            if not _reflink(src, src_offset, length, dst, offset):
+                copied = self._copy_allowed(src, src_offset, length, dst, parts)
+                _copy_range(src, src_offset, length, dst, offset)
+                self.report.copied_bytes += copied
             self.report.data_bytes += length
         finally:
             os.close(src)
+
+    def _copy_allowed(self, src: int, offset: int, length: int, dst: int, parts: tuple[bytes, ...]) -> int:
+        """The bytes of data a clone without reflink copies, once sure that they are
+        allowed (``max_clone_copy``) and fit in the free space of DIR's file system."""
+        need = sum(end - start for start, end in _data_ranges(src, offset, offset + length))
+        used = self.report.copied_bytes
+        if need > self.max_clone_copy - used:
+            cmd = self._cmd
+            assert cmd is not None
+            raise e.LimitExceeded(
+                f"the clone of {length} bytes into '{_show(b'/'.join(parts))}' would copy {need} bytes of data "
+                f"(this file system cannot reflink), and clones have copied {used} bytes already",
+                limit=self.max_clone_copy,
+                option="--max-clone-copy",
+                offset=cmd.offset,
+                index=cmd.index,
+                command=cmd.name,
+            )
+        fs = os.fstatvfs(dst)
+        free = fs.f_frsize * (fs.f_bfree if os.geteuid() == 0 else fs.f_bavail)
+        if need > free:
+            raise ApplyError(
+                f"the clone would copy {need} bytes of data (this file system cannot reflink), which does not "
+                f"fit in the free space of the file system ({free} bytes)",
+                errno=errno.ENOSPC,
+            )
+        return need
 
 
 def _locate(exc: ExtractError, cmd: Command, path: Any) -> None:
@@ -1158,31 +1202,46 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
         offset += n
 
 
-def _clone_range(src: int, src_offset: int, length: int, dst: int, dst_offset: int) -> None:
-    """Make ``dst[dst_offset:+length]`` what ``src[src_offset:+length]`` is, holes included."""
+def _reflink(src: int, src_offset: int, length: int, dst: int, dst_offset: int) -> bool:
+    """Share ``src[src_offset:+length]`` at ``dst_offset``; False where the file system cannot."""
     try:
         fcntl.ioctl(dst, FICLONERANGE, struct.pack("<qQQQ", src, src_offset, length, dst_offset))
-        return
     except OSError as exc:
         if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS):
             raise
-    dst_size = os.fstat(dst).st_size
-    end = src_offset + length
-    pos = src_offset
+        return False
+    return True
+
+
+def _data_ranges(fd: int, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """The ranges of ``fd`` between ``start`` and ``end`` that hold data (not holes)."""
+    pos = start
     while pos < end:
         try:
-            data = min(os.lseek(src, pos, os.SEEK_DATA), end)
+            data = os.lseek(fd, pos, os.SEEK_DATA)
         except OSError as exc:
             if exc.errno != errno.ENXIO:
                 raise
-            data = end
-        if data > pos:  # a hole in the source: a hole in the destination
-            _punch(dst, dst_offset + pos - src_offset, data - pos, dst_size)
+            return
         if data >= end:
-            break
-        hole = min(os.lseek(src, data, os.SEEK_HOLE), end)
-        _copy(src, data, dst, dst_offset + data - src_offset, hole - data)
+            return
+        hole = min(os.lseek(fd, data, os.SEEK_HOLE), end)
+        yield data, hole
         pos = hole
+
+
+def _copy_range(src: int, src_offset: int, length: int, dst: int, dst_offset: int) -> None:
+    """Make ``dst[dst_offset:+length]`` what ``src[src_offset:+length]`` is, holes included."""
+    dst_size = os.fstat(dst).st_size
+    shift = dst_offset - src_offset
+    pos = src_offset
+    for data, hole in _data_ranges(src, src_offset, src_offset + length):
+        if data > pos:  # a hole in the source: a hole in the destination
+            _punch(dst, pos + shift, data - pos, dst_size)
+        _copy(src, data, dst, data + shift, hole - data)
+        pos = hole
+    if pos < src_offset + length:
+        _punch(dst, pos + shift, src_offset + length - pos, dst_size)
     if dst_size < dst_offset + length:
         os.ftruncate(dst, max(os.fstat(dst).st_size, dst_offset + length))
 
@@ -1232,6 +1291,7 @@ def extract(
     clone_sources: Mapping[UUID, str | os.PathLike[str]] | None = None,
     clone_dirs: Sequence[str | os.PathLike[str]] = (),
     per_subvolume: bool = False,
+    max_clone_copy: int = MAX_CLONE_COPY,
     on_skip: Callable[[Skipped], None] | None = None,
     events: Iterable[Any] | None = None,
 ) -> ExtractReport:
@@ -1240,7 +1300,12 @@ def extract(
     ``events`` replaces reading ``source`` (e.g. a Decoder's events).
     """
     with Extractor(
-        dest, clone_sources=clone_sources, clone_dirs=clone_dirs, per_subvolume=per_subvolume, on_skip=on_skip
+        dest,
+        clone_sources=clone_sources,
+        clone_dirs=clone_dirs,
+        per_subvolume=per_subvolume,
+        max_clone_copy=max_clone_copy,
+        on_skip=on_skip,
     ) as extractor:
         for event in events if events is not None else file_events(source):
             extractor.event(event)

@@ -28,6 +28,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -1115,3 +1116,142 @@ def test_deep_directory_chain(tmp_path: Path, depth: int) -> None:
         assert read_deep(dest, lower + b"/h") == b""
     finally:
         subprocess.run(["rm", "-rf", "--", str(dest)], check=True)
+
+
+def cannot_reflink(where: Path) -> bool:
+    """True when the file system of ``where`` refuses FICLONERANGE (clones are copied)."""
+    import fcntl
+    import struct
+
+    from sendstream.extract import FICLONERANGE
+
+    a, b = where / ".reflink-probe-a", where / ".reflink-probe-b"
+    a.write_bytes(b"r" * BLOCK)
+    b.write_bytes(b"")
+    try:
+        with a.open("rb") as src, b.open("r+b") as dst:
+            fcntl.ioctl(dst.fileno(), FICLONERANGE, struct.pack("<qQQQ", src.fileno(), 0, BLOCK, 0))
+    except OSError:
+        return True
+    finally:
+        a.unlink()
+        b.unlink()
+    return False
+
+
+@pytest.fixture
+def copy_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory where clones are copies: tmp_path, else one in /dev/shm (tmpfs)."""
+    if cannot_reflink(tmp_path):
+        yield tmp_path
+        return
+    import tempfile
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not cannot_reflink(shm):
+        pytest.skip("no directory here where the file system cannot reflink")
+    where = Path(tempfile.mkdtemp(dir=shm))
+    try:
+        yield where
+    finally:
+        shutil.rmtree(where)
+
+
+CHUNK = 64 << 10
+
+
+def doubling(clones: int) -> tuple[bytes, list[int]]:
+    """One 64 KiB WRITE, then CLONEs that each copy the whole file after itself."""
+    commands = [subvol(), mkfile(b"f"), write(b"f", bytes(range(256)) * (CHUNK // 256))]
+    for k in range(clones):
+        size = CHUNK << k
+        commands.append(
+            build(
+                "clone",
+                ("file_offset", size),
+                ("clone_len", size),
+                ("path", b"f"),
+                ("clone_uuid", UUID_SELF),
+                ("clone_ctransid", 1),
+                ("clone_path", b"f"),
+                ("clone_offset", 0),
+            )
+        )
+    return stream_of(*commands, build("end"))
+
+
+def test_clone_copies_are_bounded(copy_dir: Path) -> None:
+    """Without reflinks, 40 self-doubling CLONEs would ask for 64 KiB x 2**40: the copy
+    budget stops the first clone that does not fit, before it writes anything."""
+    from sendstream.errors import EXIT_LIMIT, LimitExceeded
+
+    pattern = bytes(range(256)) * (CHUNK // 256)
+    limit = 1 << 20  # the clones of 64, 128, 256 and 512 KiB fit (960 KiB); the 5th does not
+    data, offsets = doubling(40)
+    dest = copy_dir / "dest"
+    dest.mkdir()
+    with pytest.raises(LimitExceeded) as caught:
+        extract(io.BytesIO(data), dest, max_clone_copy=limit)
+    exc = caught.value
+    assert (exc.offset, exc.index, exc.command, exc.limit) == (offsets[7], 7, "clone", limit)
+    text = str(exc)
+    assert text.startswith(f"offset {offsets[7]}, command #7 (clone): limit reached: ") and "--max-clone-copy" in text
+    assert "would copy 1048576 bytes" in text and "983040 bytes already" in text, text
+    assert (dest / "f").read_bytes() == pattern * 16  # nothing of the refused clone
+
+    stream = copy_dir / "doubling.stream"
+    stream.write_bytes(data)
+    shutil.rmtree(dest)
+    dest.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "sendstream", "extract", "--max-clone-copy", str(limit), str(stream), str(dest)],
+        capture_output=True,
+    )
+    assert result.returncode == EXIT_LIMIT
+    assert result.stderr == f"sendstream: error: {text}\n".encode()
+    assert (dest / "f").read_bytes() == pattern * 16
+
+    data, _ = doubling(4)  # the same clones under the limit: all copied
+    shutil.rmtree(dest)
+    dest.mkdir()
+    report = extract(io.BytesIO(data), dest, max_clone_copy=limit)
+    assert (dest / "f").read_bytes() == pattern * 16
+    assert (report.copied_bytes, report.data_bytes) == (15 * CHUNK, 16 * CHUNK)
+
+
+def test_clone_copy_budget_counts_data_not_holes(copy_dir: Path) -> None:
+    """A sparse source costs only its data; a reflinked clone would cost nothing."""
+    commands = [
+        subvol(),
+        mkfile(b"sparse", 257),
+        write(b"sparse", b"d" * BLOCK, 1 << 30),
+        mkfile(b"copy", 258),
+        clone(b"copy", b"sparse", length=(1 << 30) + BLOCK),
+        build("end"),
+    ]
+    data, _ = stream_of(*commands)
+    report = extract(io.BytesIO(data), copy_dir, max_clone_copy=BLOCK)
+    assert report.copied_bytes == BLOCK
+    assert (copy_dir / "copy").stat().st_size == (1 << 30) + BLOCK
+
+
+def test_clone_copy_must_fit_in_the_free_space(tmp_path: Path) -> None:
+    """On a 1.5 MiB tmpfs, the doubling clones stop at the first that does not fit,
+    with an error naming the sizes, before it writes anything."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1536k", "tmpfs", str(small)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.decode(errors='replace')}")
+    try:
+        data, offsets = doubling(40)
+        with pytest.raises(ApplyError) as caught:
+            extract(io.BytesIO(data), small)
+        exc = caught.value
+        assert (exc.offset, exc.index, exc.command, exc.errno) == (offsets[7], 7, "clone", errno.ENOSPC)
+        assert "would copy 1048576 bytes of data" in str(exc) and "does not fit in the free space" in str(exc)
+        assert (small / "f").stat().st_size == 16 * CHUNK
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
