@@ -846,9 +846,9 @@ def extract(
     _warn(framer.problems, 0)
     if not quiet:
         report = extractor.report
-        for first, count in report.skip_groups():
-            more = f" (and {count - 1} more like it)" if count > 1 else ""
-            click.echo(f"sendstream: warning: skipped: {first}{more}", err=True)
+        for group in report.skip_groups():
+            more = f" (and {group.count - 1} more {'of other kinds' if group.other else 'like it'})"
+            click.echo(f"sendstream: warning: skipped: {group.kept[0]}{more if group.count > 1 else ''}", err=True)
         click.echo(f"sendstream: {report.summary()}", err=True)
 
 

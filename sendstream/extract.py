@@ -87,12 +87,15 @@ from .paths import Statistics
 
 __all__ = [
     "MAX_CLONE_COPY",
+    "SKIPS_KEPT",
+    "SKIP_GROUPS_MAX",
     "ApplyError",
     "BadCommand",
     "CloneSourceMissing",
     "ExtractError",
     "ExtractReport",
     "Extractor",
+    "SkipGroup",
     "Skipped",
     "UnsafePath",
     "decompress",
@@ -118,6 +121,10 @@ FS_IOC_ENABLE_VERITY = 0x40806685  # _IOW('f', 133, struct fsverity_enable_arg)
 
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FD_CACHE_MAX = 256
+# Skips kept per group, groups kept, and the length of a group's kind (ExtractReport).
+SKIPS_KEPT = 3
+SKIP_GROUPS_MAX = 64
+_SKIP_KIND_MAX = 200
 # What clones may copy (data bytes) over a whole extraction where DIR cannot reflink.
 MAX_CLONE_COPY = 64 << 30
 
@@ -234,22 +241,55 @@ class Subvolume:
 
 
 @dataclasses.dataclass(slots=True)
+class SkipGroup:
+    """The skips of one command and kind of reason: how many, and the first few."""
+
+    kept: list[Skipped] = dataclasses.field(default_factory=list)
+    count: int = 0
+    other: bool = False  # every kind past the first SKIP_GROUPS_MAX, together
+
+
+@dataclasses.dataclass(slots=True)
 class ExtractReport:
-    """What an extraction did: subvolumes, statistics per stream, skips."""
+    """What an extraction did: subvolumes, statistics per stream, skips.
+
+    Skips are counted (``skip_count``) and grouped by command and kind of
+    reason (the reason up to its first ':'); ``skipped`` keeps the first
+    ``SKIPS_KEPT`` of each group, in order, and past ``SKIP_GROUPS_MAX``
+    groups every other kind goes into one more group. So what is kept is
+    bounded whatever the input (20 MB of unknown commands are 2 million
+    skips); :class:`Extractor`'s ``on_skip`` sees every one.
+    """
 
     subvolumes: list[Subvolume] = dataclasses.field(default_factory=list)
     statistics: Statistics = dataclasses.field(default_factory=Statistics)
     skipped: list[Skipped] = dataclasses.field(default_factory=list)
+    skip_count: int = 0
     applied: int = 0
     data_bytes: int = 0  # file bytes written (WRITE, ENCODED_WRITE unencoded) and cloned
     copied_bytes: int = 0  # data bytes clones copied where the file system could not reflink
+    _groups: dict[tuple[str, str], SkipGroup] = dataclasses.field(default_factory=dict, init=False, repr=False)
+    _other: SkipGroup = dataclasses.field(default_factory=lambda: SkipGroup(other=True), init=False, repr=False)
 
-    def skip_groups(self) -> list[tuple[Skipped, int]]:
-        """The skips grouped by command and kind of reason: the first of each, and how many."""
-        groups: dict[tuple[str, str], list[Skipped]] = {}
-        for s in self.skipped:
-            groups.setdefault((s.command, s.reason.split(":")[0]), []).append(s)
-        return [(items[0], len(items)) for items in groups.values()]
+    def add_skip(self, skipped: Skipped) -> None:
+        """Count one skip, and keep it if it is among the first of its group."""
+        self.skip_count += 1
+        # The kind can hold stream text (an xattr name, a path): cut, it stays a short key.
+        key = (skipped.command, skipped.reason.split(":", 1)[0][:_SKIP_KIND_MAX])
+        group = self._groups.get(key)
+        if group is None:
+            if len(self._groups) < SKIP_GROUPS_MAX:
+                group = self._groups[key] = SkipGroup()
+            else:
+                group = self._other
+        group.count += 1
+        if len(group.kept) < SKIPS_KEPT:
+            group.kept.append(skipped)
+            self.skipped.append(skipped)
+
+    def skip_groups(self) -> list[SkipGroup]:
+        """The groups of skips in the order of their first skip, the other kinds last."""
+        return [*self._groups.values(), *((self._other,) if self._other.count else ())]
 
     def summary(self) -> str:
         """One line: the subvolumes, commands applied, file bytes, skips."""
@@ -261,7 +301,7 @@ class ExtractReport:
         return (
             f"extracted {subvolumes or 'nothing'}: {self.applied} commands applied, "
             f"{self.data_bytes} bytes of file data written or cloned, "
-            f"{len(self.skipped)} skipped"
+            f"{self.skip_count} skipped"
         )
 
 
@@ -721,7 +761,7 @@ class Extractor:
         cmd = self._cmd
         assert cmd is not None
         skipped = Skipped(cmd.offset, cmd.index, cmd.name, path, reason)
-        self.report.skipped.append(skipped)
+        self.report.add_skip(skipped)
         if self._on_skip is not None:
             self._on_skip(skipped)
 

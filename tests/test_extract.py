@@ -1255,3 +1255,53 @@ def test_clone_copy_must_fit_in_the_free_space(tmp_path: Path) -> None:
         assert (small / "f").stat().st_size == 16 * CHUNK
     finally:
         subprocess.run(["umount", str(small)], check=True)
+
+
+def test_skips_are_counted_and_a_few_kept(tmp_path: Path) -> None:
+    """200,000 CRC-valid unknown commands and 100 kinds of FILEATTR: the report keeps the
+    first few skips of each kind (at most SKIP_GROUPS_MAX kinds, then one group of the
+    others), counts every one, and the CLI says so in one line per group."""
+    from sendstream.extract import SKIP_GROUPS_MAX, SKIPS_KEPT
+
+    unknown = 200_000
+    kinds = 100
+    fileattrs = [build("fileattr", ("path", b"f"), ("fileattr", n)) for n in range(kinds)]
+    head, _ = stream_of(subvol(), mkfile(b"f"))
+    zero = encode_command(Command(0, []), 2)  # "command 0": 10 bytes, CRC-valid
+    tail, _ = stream_of(*fileattrs, build("end"))
+    data = head + zero * unknown + tail[17:]
+    seen = []
+    report = extract(io.BytesIO(data), tmp_path, on_skip=seen.append)
+    assert len(seen) == report.skip_count == unknown + kinds
+    groups = report.skip_groups()
+    assert [g.count for g in groups] == [unknown] + [1] * (SKIP_GROUPS_MAX - 1) + [kinds - SKIP_GROUPS_MAX + 1]
+    assert [g.other for g in groups] == [False] * SKIP_GROUPS_MAX + [True]
+    assert len(report.skipped) == SKIPS_KEPT + (SKIP_GROUPS_MAX - 1) + SKIPS_KEPT
+    first = groups[0].kept[0]
+    assert (first.offset, first.index, first.command) == (len(head), 2, "unknown(0)")
+    last, other = groups[-2:]  # fileattr 0x3e is the 64th kind, the first of the others 0x3f
+    assert [g.kept[0].reason for g in (last, other)] == [
+        f"fileattr 0x{n:x}: ignored, as btrfs receive 6.2 does" for n in (62, 63)
+    ]
+    (stream,) = report.statistics.streams
+    assert stream.commands["unknown"].count == unknown and len(stream.commands) == 5
+
+    path = tmp_path.parent / f"{tmp_path.name}.stream"
+    path.write_bytes(data)
+    dest = tmp_path.parent / f"{tmp_path.name}-cli"
+    dest.mkdir()
+    result = subprocess.run([sys.executable, "-m", "sendstream", "extract", str(path), str(dest)], capture_output=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stderr.decode().splitlines()
+    skips = [line for line in lines if line.startswith("sendstream: warning: skipped: ")]
+    assert len(skips) == SKIP_GROUPS_MAX + 1
+    assert skips[0] == (
+        f"sendstream: warning: skipped: offset {len(head)}, command #2 (unknown(0)), path '': unknown command "
+        f"number 0: ignored, as btrfs receive does (and {unknown - 1} more like it)"
+    )
+    assert skips[1].endswith("path 'f': fileattr 0x0: ignored, as btrfs receive 6.2 does")
+    assert skips[-1].endswith(
+        f"fileattr 0x3f: ignored, as btrfs receive 6.2 does (and {kinds - SKIP_GROUPS_MAX} more of other kinds)"
+    )
+    summary = f"{kinds + 3} commands applied, 0 bytes of file data written or cloned, {unknown + kinds} skipped"
+    assert lines[-1].endswith(summary)
