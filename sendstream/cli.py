@@ -798,7 +798,9 @@ def relay(
 @click.option(
     "--per-subvolume",
     is_flag=True,
-    help="Put each subvolume in DIR/NAME, as btrfs receive does (for an input of several subvolumes).",
+    help="Put each subvolume in DIR/NAME, as btrfs receive does (for an input of several subvolumes); "
+    "an incremental becomes DIR/NAME made from a copy of its parent, extracted before it or given "
+    "with --clone-from.",
 )
 @click.option(
     "--max-clone-copy",

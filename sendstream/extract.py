@@ -6,7 +6,14 @@ in stream order, on any Linux file system: the subvolume of a full stream
 (SNAPSHOT) is applied in place onto a DIR that holds the extraction of its
 parent. With ``per_subvolume=True`` each subvolume goes to ``DIR/NAME``
 instead, as ``btrfs receive DIR`` places it; that is how an input holding
-several subvolumes (``btrfs send A B``, with or without ``-e``) is extracted.
+several subvolumes (``btrfs send A B``, with or without ``-e``, or a full
+stream and then an incremental of it) is extracted. There an incremental
+becomes a new ``DIR/NAME``, as btrfs makes a snapshot: a copy of its parent
+(reflinked where the file system can), which is found by the SNAPSHOT's
+parent UUID among the subvolumes extracted before it in the input, or among
+the clone sources; the parent stays as it was. The copy keeps types, data
+and holes, hard links, owners, modes, xattrs, atimes and mtimes, and counts
+against ``max_clone_copy`` where it cannot reflink.
 
 Safety: nothing is ever written outside DIR, whatever the stream says.
 Every path must be relative and made of plain names (no ``..``, ``.``,
@@ -52,13 +59,14 @@ Differences from ``btrfs receive``, by design or by necessity:
 - a CLONE whose source range starts at or beyond the source's end (``--no-data``
   streams) is skipped with a report, where btrfs receive fails (EINVAL).
 
-Not checked: that DIR really holds the parent of an incremental stream. btrfs
+Not checked: that DIR (or the directory found) really holds the parent of an
+incremental stream, beyond its UUID's name. btrfs
 finds the parent by its received UUID; a plain directory has no such record
 (keeping one would add a file or an xattr that the subvolume does not have).
 Applied to the wrong directory, an incremental fails at the first command
 that does not fit, with the commands before it applied. A clone from the
-parent snapshot needs an untouched copy of the parent (``clone_sources``),
-since DIR has changed in place.
+parent snapshot in place needs an untouched copy of the parent
+(``clone_sources``), since DIR has changed; per subvolume, the parent is it.
 """
 
 from __future__ import annotations
@@ -121,6 +129,8 @@ FS_IOC_ENABLE_VERITY = 0x40806685  # _IOW('f', 133, struct fsverity_enable_arg)
 
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FD_CACHE_MAX = 256
+_TRAIL_STEP = 32  # see _Tree
+_COPY_CACHE = 64  # for each of the two trees of a copy (a depth-first walk needs few)
 # Skips kept per group, groups kept, and the length of a group's kind (ExtractReport).
 SKIPS_KEPT = 3
 SKIP_GROUPS_MAX = 64
@@ -372,27 +382,30 @@ class _Tree:
 
     Directory fds of resolved parents are cached in a trie of components, so
     every cached directory's ancestors are cached too and a lookup costs one
-    step per component, whatever the depth. At most ``_FD_CACHE_MAX`` are
-    cached; past that, directories are opened one by one, each closed once
-    the next is open, and the one asked for is kept as the cursor, where the
-    next lookup below it starts (a deep chain costs one open per command).
-    Entries are dropped by :meth:`forget_under` (after anything that moves or
-    removes directories); fds handed out are closed by :meth:`trim`, which
-    runs between commands, never during one, so an fd a command holds stays
-    valid until it is done.
+    step per component, whatever the depth. At most ``cache`` are cached;
+    past that, directories are opened one by one, and of the last path
+    resolved so (the trail) every ``_TRAIL_STEP``-th directory and the last
+    one stay open: a lookup on or below that path starts from them, so a
+    deep chain costs one open per command, and a walk back up at most
+    ``_TRAIL_STEP`` per directory. Entries are dropped by :meth:`forget_under`
+    (after anything that moves or removes directories); fds handed out are
+    closed by :meth:`trim`, which runs between commands, never during one, so
+    an fd a command holds stays valid until it is done.
     """
 
-    def __init__(self, fd: int, label: str) -> None:
+    def __init__(self, fd: int, label: str, cache: int = _FD_CACHE_MAX) -> None:
         self.fd = fd
         self.label = label
+        self._cache = cache
         self._root = _CachedDir(fd)
         self._cached = 0
-        self._cursor: tuple[tuple[bytes, ...], int] | None = None
-        self._loose: list[int] = []  # handed out during this command, not cached
+        self._trail_parts: tuple[bytes, ...] = ()
+        self._trail: list[tuple[int, int]] = []  # (depth, fd) along _trail_parts, deepest last
+        self._loose: list[int] = []  # no longer cached or on the trail, maybe still in use
 
     def forget(self) -> None:
         self._forget_cached()
-        self._drop_cursor()
+        self._cut_trail(0)
         self.trim()
 
     def _forget_cached(self) -> None:
@@ -406,15 +419,16 @@ class _Tree:
             self._cached -= 1
             stack.extend(node.children.values())
 
-    def _drop_cursor(self) -> None:
-        if self._cursor is not None:
-            self._loose.append(self._cursor[1])  # the command may still use it
-            self._cursor = None
+    def _cut_trail(self, depth: int) -> None:
+        """Drop the trail's directories deeper than ``depth``."""
+        while self._trail and self._trail[-1][0] > depth:
+            self._loose.append(self._trail.pop()[1])  # the command may still use it
+        self._trail_parts = self._trail_parts[: self._trail[-1][0]] if self._trail else ()
 
     def forget_under(self, parts: tuple[bytes, ...]) -> None:
         """Forget the directories at ``parts`` and below (it was moved or removed)."""
-        if self._cursor is not None and self._cursor[0][: len(parts)] == parts:
-            self._drop_cursor()
+        if parts and self._trail_parts[: len(parts)] == parts:
+            self._cut_trail(len(parts) - 1)
         node = self._root
         for name in parts[:-1]:
             child = node.children.get(name)
@@ -428,7 +442,7 @@ class _Tree:
     def trim(self) -> None:
         while self._loose:
             os.close(self._loose.pop())
-        if self._cached >= _FD_CACHE_MAX:
+        if self._cached >= self._cache:
             self._forget_cached()
 
     def close(self) -> None:
@@ -446,28 +460,43 @@ class _Tree:
             node = child
             known += 1
         fd = node.fd
-        caching, owned = True, False  # owned: fd is an intermediate one, ours to close
-        cursor = self._cursor
-        if cursor is not None and known < len(cursor[0]) <= len(parts) and parts[: len(cursor[0])] == cursor[0]:
-            known, fd, caching = len(cursor[0]), cursor[1], False
+        if known == len(parts):
+            return fd
+        trail_parts = self._trail_parts
+        common = min(len(parts), len(trail_parts))  # components shared with the trail
+        if parts[:common] != trail_parts[:common]:
+            common = next(i for i, (a, b) in enumerate(zip(parts, trail_parts, strict=False)) if a != b)
+        caching = True
+        for depth, trail_fd in reversed(self._trail):
+            if depth <= common:
+                if depth > known:
+                    known, fd, caching = depth, trail_fd, False
+                break
+        owned = False  # fd is an intermediate one, ours to close
+        on_trail = False  # the trail follows parts (after its first new directory)
         for depth in range(known, len(parts)):
             try:
                 new = self._open(fd, parts, depth)
             finally:
                 if owned:
                     os.close(fd)
-            if caching and self._cached < _FD_CACHE_MAX:
+            if caching and self._cached < self._cache:
                 child = _CachedDir(new)
                 node.children[parts[depth]] = child
                 node = child
                 self._cached += 1
+            elif (depth + 1) % _TRAIL_STEP and depth + 1 < len(parts):
+                caching, owned = False, True
             else:
-                caching = False
-                owned = depth + 1 < len(parts)
+                if not on_trail:  # what the trail has beyond the shared part is another path
+                    self._cut_trail(common)
+                    on_trail = True
+                if self._trail and self._trail[-1][0] % _TRAIL_STEP:  # the last is the last no more
+                    self._loose.append(self._trail.pop()[1])
+                caching, owned = False, False
+                self._trail.append((depth + 1, new))
+                self._trail_parts = parts[: depth + 1]
             fd = new
-        if not caching and (cursor is None or fd != cursor[1]):
-            self._drop_cursor()
-            self._cursor = (parts, fd)
         return fd
 
     def _open(self, parent: int, parts: tuple[bytes, ...], depth: int) -> int:
@@ -821,6 +850,8 @@ class Extractor:
                 raise UnsafePath("the subvolume name is not a single name", expected="one path component")
             if kind == "subvol":
                 os.mkdir(parts[0], 0o700, dir_fd=self._dest_fd)
+            else:
+                self._copy_parent(cmd, parts[0])
             root = os.open(parts[0], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dest_fd)
             directory = os.path.join(self.dest, os.fsdecode(parts[0]))
         else:
@@ -832,7 +863,7 @@ class Extractor:
                 raise BadCommand(
                     f"{directory!r} is not empty", expected="an empty directory for a full stream (SUBVOL)"
                 )
-            if kind == "snapshot" and empty:
+            if kind == "snapshot" and empty and not self.per_subvolume:
                 raise BadCommand(
                     f"{directory!r} is empty",
                     expected=f"the extraction of the parent subvolume {cmd.get('clone_uuid')} (incremental stream)",
@@ -1110,6 +1141,30 @@ class Extractor:
         self._parts(cmd, root_ok=False)
         self._skip(bytes(cmd.get("path")), "no file data in the stream (btrfs send --no-data)")
 
+    def _find_extraction(self, uuid: UUID) -> tuple[int, str] | None:
+        """An O_PATH fd and the place of an extraction of subvolume ``uuid`` other than
+        the current one: extracted before in this input (DIR/NAME, per subvolume),
+        or given as a clone source. None when there is none."""
+        for sub in reversed(self.report.subvolumes):
+            if sub.uuid == uuid and sub is not self._subvolume and self.per_subvolume:
+                return os.open(sub.path, _DIR_FLAGS, dir_fd=self._dest_fd), sub.directory
+        where = self._clone_sources.get(uuid)
+        if where is not None:
+            return os.open(where, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC), where
+        for d in self._clone_dirs:
+            base = os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                return os.open(str(uuid), _DIR_FLAGS, dir_fd=base), os.path.join(d, str(uuid))
+            except FileNotFoundError:
+                continue
+            finally:
+                os.close(base)
+        return None
+
+    @staticmethod
+    def _hint(uuid: UUID) -> str:
+        return f"--clone-from {uuid}=DIR, or a --clone-from DIR holding a directory named {uuid}"
+
     def _clone_tree(self, clone_uuid: UUID, clone_path: bytes) -> _Tree:
         sub = self._subvolume
         assert sub is not None
@@ -1118,32 +1173,18 @@ class Extractor:
         tree = self._sources.get(clone_uuid)
         if tree is not None:
             return tree
-        where = self._clone_sources.get(clone_uuid)
-        fd = -1
-        if where is not None:
-            fd = os.open(where, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        else:
-            for d in self._clone_dirs:
-                base = os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-                try:
-                    fd = os.open(str(clone_uuid), _DIR_FLAGS, dir_fd=base)
-                    where = os.path.join(d, str(clone_uuid))
-                    break
-                except FileNotFoundError:
-                    continue
-                finally:
-                    os.close(base)
-        if fd < 0 or where is None:
-            hint = f"--clone-from {clone_uuid}=DIR, or a --clone-from DIR holding a directory named {clone_uuid}"
-            if clone_uuid == sub.parent_uuid:
+        found = self._find_extraction(clone_uuid)
+        if found is None:
+            if clone_uuid == sub.parent_uuid and not self.per_subvolume:
                 raise CloneSourceMissing(
                     f"the clone source is the parent snapshot {clone_uuid} (path '{_show(clone_path)}'), which "
                     "the extraction has changed in place",
-                    expected=f"an untouched extraction of the parent: {hint}",
+                    expected=f"an untouched extraction of the parent: {self._hint(clone_uuid)}",
                 )
             raise CloneSourceMissing(
-                f"subvolume {clone_uuid} (path '{_show(clone_path)}') was not given", expected=hint
+                f"subvolume {clone_uuid} (path '{_show(clone_path)}') was not given", expected=self._hint(clone_uuid)
             )
+        fd, where = found
         tree = self._sources[clone_uuid] = _Tree(fd, f"clone source {where}")
         return tree
 
@@ -1175,39 +1216,65 @@ class Extractor:
             ):
                 raise BadCommand("the clone range overlaps its source in the same file", expected="separate ranges")
             if not _reflink(src, src_offset, length, dst, offset):
-                copied = self._copy_allowed(src, src_offset, length, dst, parts)
-                _copy_range(src, src_offset, length, dst, offset)
-                self.report.copied_bytes += copied
+                need = sum(end - start for start, end in _data_ranges(src, src_offset, src_offset + length))
+                self._allow_copy(need, f"the clone of {length} bytes into '{_show(b'/'.join(parts))}'", dst)
+                self.report.copied_bytes += _copy_range(src, src_offset, length, dst, offset)
             self.report.data_bytes += length
         finally:
             os.close(src)
 
-    def _copy_allowed(self, src: int, offset: int, length: int, dst: int, parts: tuple[bytes, ...]) -> int:
-        """The bytes of data a clone without reflink copies, once sure that they are
-        allowed (``max_clone_copy``) and fit in the free space of DIR's file system."""
-        need = sum(end - start for start, end in _data_ranges(src, offset, offset + length))
+    def _allow_copy(self, need: int, what: str, fd: int) -> None:
+        """Refuse a copy of ``need`` bytes of data (``what``, into the file system of ``fd``)
+        past the copy budget (``max_clone_copy``) or the free space; before it writes."""
         used = self.report.copied_bytes
         if need > self.max_clone_copy - used:
             cmd = self._cmd
             assert cmd is not None
             raise e.LimitExceeded(
-                f"the clone of {length} bytes into '{_show(b'/'.join(parts))}' would copy {need} bytes of data "
-                f"(this file system cannot reflink), and clones have copied {used} bytes already",
+                f"{what} would copy {need} bytes of data (this file system cannot reflink), and copies "
+                f"have taken {used} bytes already",
                 limit=self.max_clone_copy,
                 option="--max-clone-copy",
                 offset=cmd.offset,
                 index=cmd.index,
                 command=cmd.name,
             )
-        fs = os.fstatvfs(dst)
+        fs = os.fstatvfs(fd)
         free = fs.f_frsize * (fs.f_bfree if os.geteuid() == 0 else fs.f_bavail)
         if need > free:
             raise ApplyError(
-                f"the clone would copy {need} bytes of data (this file system cannot reflink), which does not "
+                f"{what} would copy {need} bytes of data (this file system cannot reflink), which does not "
                 f"fit in the free space of the file system ({free} bytes)",
                 errno=errno.ENOSPC,
             )
-        return need
+
+    def _copy_parent(self, cmd: Command, name: bytes) -> None:
+        """Make DIR/``name`` a copy of the extraction of the SNAPSHOT's parent, as
+        ``btrfs receive`` snapshots it; the parent stays as it was."""
+        parent = cmd.get("clone_uuid")
+        found = self._find_extraction(parent)
+        if found is None:
+            raise CloneSourceMissing(
+                f"the parent {parent} of the incremental stream of '{_show(name)}' was not extracted before it "
+                "in this input, nor given",
+                expected=f"its extraction: {self._hint(parent)}",
+            )
+        fd, where = found
+        source = _Tree(fd, f"parent {where}", _COPY_CACHE)
+        try:
+            if _holds(fd, self._dest_fd):
+                raise BadCommand(f"the parent's extraction {where} holds DIR", expected="a directory outside DIR")
+            need, sample = _data_size(source)
+            if sample is not None and not _can_reflink(source, sample, self._dest_fd):
+                self._allow_copy(need, f"the copy of the parent {parent} ({where})", self._dest_fd)
+            os.mkdir(name, 0o700, dir_fd=self._dest_fd)
+            copy = _Tree(os.open(name, _DIR_FLAGS, dir_fd=self._dest_fd), f"subvolume {_show(name)}", _COPY_CACHE)
+            try:
+                self.report.copied_bytes += _copy_tree(source, copy, self._skip)
+            finally:
+                copy.close()
+        finally:
+            source.close()
 
 
 def _locate(exc: ExtractError, cmd: Command, path: Any) -> None:
@@ -1221,13 +1288,18 @@ def _locate(exc: ExtractError, cmd: Command, path: Any) -> None:
         exc.path = bytes(path)
 
 
-def _is_empty(dirfd: int) -> bool:
-    """True when the directory has no entry (read with O_NOATIME where allowed:
-    its atime is part of what is extracted)."""
+def _open_listing(dirfd: int) -> int:
+    """An fd to read the entries of the directory ``dirfd``, with O_NOATIME where
+    allowed: its atime is part of what is extracted."""
     try:
-        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOATIME | os.O_CLOEXEC, dir_fd=dirfd)
+        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOATIME | os.O_CLOEXEC, dir_fd=dirfd)
     except PermissionError:
-        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dirfd)
+        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dirfd)
+
+
+def _is_empty(dirfd: int) -> bool:
+    """True when the directory has no entry."""
+    fd = _open_listing(dirfd)
     try:
         with os.scandir(fd) as entries:
             return next(entries, None) is None
@@ -1270,20 +1342,24 @@ def _data_ranges(fd: int, start: int, end: int) -> Iterator[tuple[int, int]]:
         pos = hole
 
 
-def _copy_range(src: int, src_offset: int, length: int, dst: int, dst_offset: int) -> None:
-    """Make ``dst[dst_offset:+length]`` what ``src[src_offset:+length]`` is, holes included."""
+def _copy_range(src: int, src_offset: int, length: int, dst: int, dst_offset: int) -> int:
+    """Make ``dst[dst_offset:+length]`` what ``src[src_offset:+length]`` is, holes
+    included; the data bytes copied."""
     dst_size = os.fstat(dst).st_size
     shift = dst_offset - src_offset
     pos = src_offset
+    copied = 0
     for data, hole in _data_ranges(src, src_offset, src_offset + length):
         if data > pos:  # a hole in the source: a hole in the destination
             _punch(dst, pos + shift, data - pos, dst_size)
         _copy(src, data, dst, data + shift, hole - data)
+        copied += hole - data
         pos = hole
     if pos < src_offset + length:
         _punch(dst, pos + shift, src_offset + length - pos, dst_size)
     if dst_size < dst_offset + length:
         os.ftruncate(dst, max(os.fstat(dst).st_size, dst_offset + length))
+    return copied
 
 
 def _punch(fd: int, offset: int, length: int, size: int) -> None:
@@ -1322,6 +1398,198 @@ def _copy(src: int, src_offset: int, dst: int, dst_offset: int, length: int) -> 
         src_offset += n
         dst_offset += n
         length -= n
+
+
+# --- snapshots: a copy of the parent -------------------------------------------
+
+_Entry = tuple[tuple[bytes, ...], os.stat_result, bool]
+_READ_FLAGS = os.O_RDONLY | os.O_NOATIME | os.O_NONBLOCK
+
+
+def _walk(tree: _Tree) -> Iterator[_Entry]:
+    """Every entry of ``tree`` depth first, without recursion: ``(parts, stat, False)``,
+    then for a directory ``(parts, stat, True)`` once its entries are done (the root is
+    ``()``). Directories are read with O_NOATIME where allowed. Memory: the names not
+    yet visited of the directories on the way down."""
+    stack: list[tuple[tuple[bytes, ...], os.stat_result | None, bool]] = [((), os.fstat(tree.fd), False)]
+    while stack:
+        tree.trim()
+        parts, st, done = stack.pop()
+        if st is None:
+            st = os.stat(parts[-1], dir_fd=tree.directory(parts[:-1]), follow_symlinks=False)
+        yield parts, st, done
+        if done or not stat.S_ISDIR(st.st_mode):
+            continue
+        stack.append((parts, st, True))
+        fd = _open_listing(tree.directory(parts))
+        try:
+            with os.scandir(fd) as entries:
+                stack.extend(((*parts, os.fsencode(entry.name)), None, False) for entry in entries)
+        finally:
+            os.close(fd)
+
+
+def _holds(outer: int, inner: int) -> bool:
+    """True when the directory ``inner`` is ``outer`` or below it."""
+    target = os.fstat(outer)
+    fd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=inner)
+    try:
+        while True:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+                return True
+            up = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = up
+            above = os.fstat(fd)
+            if (above.st_dev, above.st_ino) == (st.st_dev, st.st_ino):  # the root
+                return False
+    finally:
+        os.close(fd)
+
+
+def _data_size(tree: _Tree) -> tuple[int, tuple[bytes, ...] | None]:
+    """The data bytes (holes left out) of the regular files of ``tree``, each inode
+    once, and a file that has some (None when none has)."""
+    total, sample = 0, None
+    linked: set[tuple[int, int]] = set()
+    for parts, st, done in _walk(tree):
+        if done or not stat.S_ISREG(st.st_mode) or not st.st_size:
+            continue
+        if st.st_nlink > 1:
+            if (st.st_dev, st.st_ino) in linked:
+                continue
+            linked.add((st.st_dev, st.st_ino))
+        fd = tree.open_regular(parts, _READ_FLAGS, "file of the parent")
+        try:
+            size = sum(end - start for start, end in _data_ranges(fd, 0, os.fstat(fd).st_size))
+        finally:
+            os.close(fd)
+        if size and sample is None:
+            sample = parts
+        total += size
+    return total, sample
+
+
+def _can_reflink(tree: _Tree, sample: tuple[bytes, ...], dirfd: int) -> bool:
+    """Whether the file ``sample`` of ``tree`` reflinks into the file system of ``dirfd``
+    (tried on an unnamed temporary file, which leaves nothing behind)."""
+    src = tree.open_regular(sample, _READ_FLAGS, "file of the parent")
+    try:
+        try:
+            tmp = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600, dir_fd=dirfd)
+        except OSError:  # no O_TMPFILE here: count on copies
+            return False
+        try:
+            return _reflink(src, 0, os.fstat(src).st_size, tmp, 0)
+        finally:
+            os.close(tmp)
+    finally:
+        os.close(src)
+
+
+def _copy_tree(src: _Tree, dst: _Tree, skip: Callable[[bytes, str], None]) -> int:
+    """Copy every entry of ``src`` into the empty ``dst``: types, data (reflinked where
+    possible, holes kept), hard links, owners, modes, xattrs, atimes and mtimes; the
+    source is read with O_NOATIME, and a symlink's atime, which reading it changes, is
+    put back. Returns the data bytes copied (not reflinked)."""
+    links: dict[tuple[int, int], tuple[bytes, ...]] = {}
+    copied = 0
+    for parts, st, done in _walk(src):
+        dst.trim()
+        if done or not parts:
+            if done:
+                _copy_metadata(src, dst, parts, st, skip)
+            continue
+        kind = stat.S_IFMT(st.st_mode)
+        dirfd, name = dst.directory(parts[:-1]), parts[-1]
+        if kind != stat.S_IFDIR and st.st_nlink > 1:
+            first = links.setdefault((st.st_dev, st.st_ino), parts)
+            if first is not parts:
+                os.link(first[-1], name, src_dir_fd=dst.directory(first[:-1]), dst_dir_fd=dirfd, follow_symlinks=False)
+                continue
+        if kind == stat.S_IFDIR:
+            os.mkdir(name, 0o700, dir_fd=dirfd)
+            continue  # its metadata once its entries are done
+        if kind == stat.S_IFREG:
+            copied += _copy_file(src, parts, dirfd)
+        elif kind == stat.S_IFLNK:
+            os.symlink(_read_link(src, parts, st), name, dir_fd=dirfd)
+        elif kind == stat.S_IFIFO:
+            os.mkfifo(name, 0o600, dir_fd=dirfd)
+        else:
+            try:
+                os.mknod(name, kind | 0o600, st.st_rdev, dir_fd=dirfd)
+            except PermissionError:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                os.close(os.open(name, flags, 0o600, dir_fd=dirfd))
+                skip(
+                    b"/".join(parts),
+                    f"not permitted to make a {_kind(st.st_mode)} ({os.major(st.st_rdev)}, {os.minor(st.st_rdev)}) "
+                    "in the copy of the parent: made an empty regular file in its place",
+                )
+        _copy_metadata(src, dst, parts, st, skip)
+    return copied
+
+
+def _copy_file(src: _Tree, parts: tuple[bytes, ...], dirfd: int) -> int:
+    """Copy the regular file ``parts`` of ``src`` to the new file ``parts[-1]`` in
+    ``dirfd``; the data bytes copied (0 when reflinked)."""
+    fd = src.open_regular(parts, _READ_FLAGS, "file of the parent")
+    try:
+        out = os.open(
+            parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dirfd
+        )
+        try:
+            size = os.fstat(fd).st_size
+            if not size or _reflink(fd, 0, size, out, 0):
+                return 0
+            return _copy_range(fd, 0, size, out, 0)
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)
+
+
+def _read_link(src: _Tree, parts: tuple[bytes, ...], st: os.stat_result) -> bytes:
+    dirfd = src.directory(parts[:-1])
+    target = os.readlink(parts[-1], dir_fd=dirfd)
+    if os.stat(parts[-1], dir_fd=dirfd, follow_symlinks=False).st_atime_ns != st.st_atime_ns:
+        with contextlib.suppress(OSError):  # a read-only parent keeps the new atime
+            os.utime(parts[-1], ns=(st.st_atime_ns, st.st_mtime_ns), dir_fd=dirfd, follow_symlinks=False)
+    return target
+
+
+def _copy_metadata(
+    src: _Tree, dst: _Tree, parts: tuple[bytes, ...], st: os.stat_result, skip: Callable[[bytes, str], None]
+) -> None:
+    """Owner, xattrs, mode and times of ``parts`` from ``src`` to ``dst``, in that order
+    (chown clears capabilities and setuid bits; the times come last)."""
+    if parts:  # the entry itself, through its directory (never following a symlink)
+        source, target, follow = (
+            _proc(src.directory(parts[:-1]), parts[-1]),
+            _proc(dst.directory(parts[:-1]), parts[-1]),
+            False,
+        )
+    else:  # the root, a directory: through its fd
+        source, target, follow = _proc(src.fd), _proc(dst.fd), True
+    shown = b"/".join(parts)
+    try:
+        os.chown(target, st.st_uid, st.st_gid, follow_symlinks=follow)
+    except PermissionError as exc:
+        if os.geteuid() == 0:
+            raise
+        skip(shown, f"chown to {st.st_uid}:{st.st_gid}: {exc.strerror} (not root)")
+    for name in os.listxattr(source, follow_symlinks=follow):
+        try:
+            os.setxattr(target, name, os.getxattr(source, name, follow_symlinks=follow), follow_symlinks=follow)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM):
+                raise
+            skip(shown, f"xattr {name}: {exc.strerror}")
+    if not stat.S_ISLNK(st.st_mode):
+        os.chmod(target, stat.S_IMODE(st.st_mode))
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=follow)
 
 
 def extract(

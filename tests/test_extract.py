@@ -39,6 +39,7 @@ import pytest
 from conftest import FIXTURES, STREAMS, btrfs_loop, need_root_btrfs, stream_ids
 
 from sendstream import Command, encode_command, encode_stream_header
+from sendstream.errors import LimitExceeded
 from sendstream.extract import (
     ApplyError,
     BadCommand,
@@ -97,8 +98,9 @@ def data_map(fd: int, size: int) -> list[tuple[int, int]]:
 def tree_state(root: Path) -> tuple[dict[bytes, dict[str, Any]], list[list[bytes]]]:
     """Every entry below ``root`` (itself as ``b""``) and the hard-link groups.
 
-    Each entry is stat'ed before it is read, and files and directories are
-    read with O_NOATIME, so reading does not change the atimes compared.
+    Each entry is stat'ed before it is read, files and directories are read
+    with O_NOATIME, and a symlink's atime, which readlink moves, is put back,
+    so reading does not change the atimes compared.
     """
     entries: dict[bytes, dict[str, Any]] = {}
     inodes: dict[tuple[int, int], list[bytes]] = {}
@@ -124,6 +126,9 @@ def tree_state(root: Path) -> tuple[dict[bytes, dict[str, Any]], list[list[bytes
         }
         if stat.S_ISLNK(st.st_mode):
             entry["target"] = os.readlink(full)
+            if os.lstat(full).st_atime_ns != st.st_atime_ns:  # readlink moved it: put it back
+                with contextlib.suppress(OSError):  # (a read-only subvolume keeps it)
+                    os.utime(full, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
         elif stat.S_ISREG(st.st_mode):
             fd = os.open(full, os.O_RDONLY | os.O_NOATIME)
             try:
@@ -1075,8 +1080,35 @@ def read_deep(root: Path, path: bytes) -> bytes:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def few_fds() -> Iterator[None]:
+    """At most 400 open files (the fd cache keeps 256; one fd per level would be 2,000)."""
+    import resource
+
+    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (400, limits[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Iterator[Path]:
+    """A directory for deep trees, removed by `rm -rf` (shutil.rmtree recurses): in
+    /dev/shm where there is one, as removing 2,000 nested directories takes seconds
+    on a disk mounted with discard."""
+    import tempfile
+
+    where = Path(tempfile.mkdtemp(dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else tmp_path))
+    try:
+        yield where
+    finally:
+        subprocess.run(["rm", "-rf", "--", str(where)], check=True)
+
+
 @pytest.mark.parametrize("depth", [1000, 2000])
-def test_deep_directory_chain(tmp_path: Path, depth: int) -> None:
+def test_deep_directory_chain(scratch: Path, depth: int) -> None:
     """A legal chain of directories 1,000 and 2,000 deep (paths under 4096 bytes):
     resolved without recursion, with a bounded number of fds, and what a rename
     moves is no longer reached by its old path."""
@@ -1088,34 +1120,22 @@ def test_deep_directory_chain(tmp_path: Path, depth: int) -> None:
     commands += [rename(b"a", b"b"), mkfile(moved + b"/g", 301), write(moved + b"/g", b"moved\n")]
     # move the chain below depth 100 up to c: the last directory used is in it
     commands += [rename(b"b/" + deep(up - 1), b"c")]
-    failing = mkfile(moved + b"/h", 302)
-    data, offsets = stream_of(*commands, failing)
-    dest = tmp_path / "dest"
-    dest.mkdir()
-    import resource
-
-    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (400, limits[1]))  # the fd cache keeps 256
-        try:
-            with pytest.raises(ApplyError) as caught:
-                extract(io.BytesIO(data), dest)
-        finally:
-            resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+    data, offsets = stream_of(*commands, mkfile(moved + b"/h", 302))
+    with few_fds():
+        with pytest.raises(ApplyError) as caught:
+            extract(io.BytesIO(data), scratch)
         assert (caught.value.offset, caught.value.index, caught.value.command) == (offsets[-1], len(commands), "mkfile")
         assert "No such file or directory" in str(caught.value)
         lower = b"c/" + deep(depth - up)
-        assert read_deep(dest, lower + b"/f") == b"deep\n"
-        assert read_deep(dest, lower + b"/g") == b"moved\n"
-        assert sorted(os.listdir(dest)) == ["b", "c"]
+        assert read_deep(scratch, lower + b"/f") == b"deep\n"
+        assert read_deep(scratch, lower + b"/g") == b"moved\n"
+        assert sorted(os.listdir(scratch)) == ["b", "c"]
         data, _ = stream_of(*commands, mkfile(lower + b"/h", 302), build("end"))
-        subprocess.run(["rm", "-rf", "--", str(dest)], check=True)  # shutil.rmtree recurses
+        dest = scratch / "again"
         dest.mkdir()
         report = extract(io.BytesIO(data), dest)
         assert report.applied == len(commands) + 2
         assert read_deep(dest, lower + b"/h") == b""
-    finally:
-        subprocess.run(["rm", "-rf", "--", str(dest)], check=True)
 
 
 def cannot_reflink(where: Path) -> bool:
@@ -1183,7 +1203,7 @@ def doubling(clones: int) -> tuple[bytes, list[int]]:
 def test_clone_copies_are_bounded(copy_dir: Path) -> None:
     """Without reflinks, 40 self-doubling CLONEs would ask for 64 KiB x 2**40: the copy
     budget stops the first clone that does not fit, before it writes anything."""
-    from sendstream.errors import EXIT_LIMIT, LimitExceeded
+    from sendstream.errors import EXIT_LIMIT
 
     pattern = bytes(range(256)) * (CHUNK // 256)
     limit = 1 << 20  # the clones of 64, 128, 256 and 512 KiB fit (960 KiB); the 5th does not
@@ -1305,3 +1325,193 @@ def test_skips_are_counted_and_a_few_kept(tmp_path: Path) -> None:
     )
     summary = f"{kinds + 3} commands applied, 0 bytes of file data written or cloned, {unknown + kinds} skipped"
     assert lines[-1].endswith(summary)
+
+
+def concatenated(version: int, out: Path) -> Path:
+    """rich-full then rich-incr (its incremental) in one file, as `btrfs send -p` writes them."""
+    out.write_bytes(b"".join((FIXTURES / f"rich-{k}-v{version}.stream").read_bytes() for k in ("full", "incr")))
+    return out
+
+
+def rich_parent_uuid() -> uuid.UUID:
+    return first(FIXTURES / "rich-incr-v2.stream", "snapshot").get("clone_uuid")  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_full_and_incremental_in_one_file(tmp_path: Path, version: int) -> None:
+    """--per-subvolume: the incremental becomes DIR/rich_incr, made from a copy of
+    DIR/rich_base extracted just before, which stays as it was; the same trees as the
+    full stream extracted into one directory and the incremental applied onto it."""
+    both = concatenated(version, tmp_path / "both.stream")
+    into = tmp_path / "per-subvolume"
+    into.mkdir()
+    with both.open("rb") as f:
+        report = extract(f, into, per_subvolume=True)
+    assert [(s.kind, s.path, s.directory) for s in report.subvolumes] == [
+        ("subvol", b"rich_base", str(into / "rich_base")),
+        ("snapshot", b"rich_incr", str(into / "rich_incr")),
+    ]
+    assert report.subvolumes[1].parent_uuid == report.subvolumes[0].uuid == rich_parent_uuid()
+    in_place, parent = tmp_path / "in-place", tmp_path / "parent"
+    for where, kinds in ((in_place, ("full", "incr")), (parent, ("full",))):
+        where.mkdir()
+        for kind in kinds:
+            with (FIXTURES / f"rich-{kind}-v{version}.stream").open("rb") as f:
+                extract(f, where)
+    assert differences(in_place, into / "rich_incr") == []
+    assert differences(parent, into / "rich_base") == []  # the parent is untouched
+    assert differences(parent, in_place) != []  # (the incremental does change things)
+    if cannot_reflink(tmp_path):
+        assert report.copied_bytes > 0
+
+
+def test_copy_of_the_parent_counts_against_the_copy_budget(copy_dir: Path) -> None:
+    both = concatenated(2, copy_dir / "both.stream")
+    with both.open("rb") as f:
+        snapshot_at = next(c for c in file_events(f) if isinstance(c, Command) and c.name == "snapshot")
+        offset, index = snapshot_at.offset, snapshot_at.index
+    alone = copy_dir / "full"
+    alone.mkdir()
+    with (FIXTURES / "rich-full-v2.stream").open("rb") as f:
+        clones = extract(f, alone).copied_bytes  # what the full stream's own CLONEs copy
+    into = copy_dir / "dest"
+    into.mkdir()
+    with both.open("rb") as f, pytest.raises(LimitExceeded) as caught:
+        extract(f, into, per_subvolume=True, max_clone_copy=clones + 1000)
+    assert (caught.value.offset, caught.value.index, caught.value.command) == (offset, index, "snapshot")
+    assert f"the copy of the parent {rich_parent_uuid()}" in str(caught.value)
+    assert os.listdir(into) == ["rich_base"]  # nothing of the snapshot
+
+
+def test_incremental_whose_parent_is_missing(tmp_path: Path) -> None:
+    """Without its parent, the SNAPSHOT of --per-subvolume names the parent's UUID and how
+    to give it (exit 2, no traceback); given with --clone-from, it is copied, untouched."""
+    parent_uuid = rich_parent_uuid()
+    incr = FIXTURES / "rich-incr-v2.stream"
+    into = tmp_path / "dest"
+    into.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "sendstream", "extract", "--per-subvolume", str(incr), str(into)], capture_output=True
+    )
+    assert result.returncode == 2
+    message = result.stderr.decode()
+    assert message.startswith("sendstream: error: offset 17, command #0 (snapshot), path 'rich_incr': ")
+    assert f"the parent {parent_uuid} of the incremental stream of 'rich_incr'" in message
+    assert f"--clone-from {parent_uuid}=DIR" in message and message.count("\n") == 1
+    assert os.listdir(into) == []
+
+    parent, in_place = tmp_path / "clones" / str(parent_uuid), tmp_path / "in-place"
+    for where, streams in ((parent, ("full",)), (in_place, ("full", "incr"))):
+        where.mkdir(parents=True)
+        for kind in streams:
+            with (FIXTURES / f"rich-{kind}-v2.stream").open("rb") as f:
+                extract(f, where)
+    before = tree_state(parent)
+    for option in (f"{parent_uuid}={parent}", str(tmp_path / "clones")):
+        shutil.rmtree(into)
+        into.mkdir()
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sendstream",
+                "extract",
+                "-q",
+                "--per-subvolume",
+                "--clone-from",
+                option,
+                incr,
+                into,
+            ],
+            capture_output=True,
+        )
+        assert result.returncode == 0, result.stderr
+        assert differences(in_place, into / "rich_incr") == [], option
+        assert tree_state(parent) == before
+
+
+def test_snapshots_and_clones_read_the_untouched_parent(tmp_path: Path) -> None:
+    """Two incrementals of one parent in one input: each starts from the parent as it
+    was, and a CLONE from the parent reads it, not the changed copy."""
+    parent_id, first_id, second_id = (uuid.UUID(int=n) for n in (1, 2, 3))
+
+    def snapshot(name: bytes, own: uuid.UUID) -> Command:
+        return build(
+            "snapshot", ("path", name), ("uuid", own), ("ctransid", 2), ("clone_uuid", parent_id), ("clone_ctransid", 1)
+        )
+
+    full, _ = stream_of(
+        build("subvol", ("path", b"base"), ("uuid", parent_id), ("ctransid", 1)),
+        mkfile(b"f"),
+        write(b"f", b"original"),
+        build("end"),
+    )
+    first_incr, _ = stream_of(
+        snapshot(b"one", first_id),
+        write(b"f", b"CHANGED!"),
+        mkfile(b"g"),
+        clone(b"g", b"f", parent_id, length=8),
+        build("end"),
+    )
+    second_incr, _ = stream_of(snapshot(b"two", second_id), mkfile(b"h"), build("end"))
+    report = extract(io.BytesIO(full + first_incr + second_incr), tmp_path, per_subvolume=True)
+    assert [s.directory for s in report.subvolumes] == [str(tmp_path / n) for n in ("base", "one", "two")]
+    assert (tmp_path / "base" / "f").read_bytes() == b"original"
+    assert os.listdir(tmp_path / "base") == ["f"]
+    assert (tmp_path / "one" / "f").read_bytes() == b"CHANGED!"
+    assert (tmp_path / "one" / "g").read_bytes() == b"original"
+    assert (tmp_path / "two" / "f").read_bytes() == b"original"
+    assert sorted(os.listdir(tmp_path / "two")) == ["f", "h"]
+
+
+def test_deep_parent_is_copied(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy of a parent 2,000 directories deep: no recursion, few fds, and a walk
+    back up that does not reopen the whole chain for each directory."""
+    depth = 2000
+    chain = [mkdir(deep(i), 400 + i) for i in range(1, depth + 1)]
+    full, _ = stream_of(subvol(b"base"), *chain, mkfile(deep(depth) + b"/f"), write(deep(depth) + b"/f"), build("end"))
+    snapshot = build(
+        "snapshot",
+        ("path", b"next"),
+        ("uuid", UUID_OTHER),
+        ("ctransid", 2),
+        ("clone_uuid", UUID_SELF),
+        ("clone_ctransid", 1),
+    )
+    incr, _ = stream_of(snapshot, mkfile(deep(depth) + b"/g", 301), build("end"))
+    opened = 0
+    real_open = os.open
+
+    def counted(*args: Any, **kwargs: Any) -> int:
+        nonlocal opened
+        opened += 1
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counted)
+    with few_fds():
+        extract(io.BytesIO(full + incr), scratch, per_subvolume=True)
+    monkeypatch.undo()
+    assert read_deep(scratch / "next", deep(depth) + b"/f") == b"pwned\n"
+    assert read_deep(scratch / "next", deep(depth) + b"/g") == b""
+    with pytest.raises(FileNotFoundError):
+        read_deep(scratch / "base", deep(depth) + b"/g")
+    # reopening the chain from the top for each directory would be about depth**2 = 4 million
+    assert opened < 100 * depth, opened
+
+
+@pytest.mark.btrfs
+def test_full_and_incremental_in_one_file_against_btrfs_receive(fs: Path, tmp_path: Path) -> None:
+    """On btrfs the parent is reflinked, and both trees are those of `btrfs receive`."""
+    both = concatenated(2, tmp_path / "both.stream")
+    ours = fs / "per-subvolume"
+    ours.mkdir()
+    try:
+        with receive_dir(fs, "both") as where:
+            sh("btrfs", "receive", "-q", "-f", both, where)
+            with both.open("rb") as f:
+                report = extract(f, ours, per_subvolume=True)
+            for name in ("rich_base", "rich_incr"):
+                assert differences(where / name, ours / name) == []
+        assert report.copied_bytes == 0
+    finally:
+        shutil.rmtree(ours)
