@@ -130,7 +130,8 @@ FS_IOC_ENABLE_VERITY = 0x40806685  # _IOW('f', 133, struct fsverity_enable_arg)
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FD_CACHE_MAX = 256
 _TRAIL_STEP = 32  # see _Tree
-_COPY_CACHE = 64  # for each of the two trees of a copy (a depth-first walk needs few)
+_COPY_CACHE = 64  # for a clone source and each of the two trees of a copy
+_SOURCES_OPEN = 8  # clone sources kept open at once
 # Skips kept per group, groups kept, and the length of a group's kind (ExtractReport).
 SKIPS_KEPT = 3
 SKIP_GROUPS_MAX = 64
@@ -642,7 +643,8 @@ class Extractor:
         self._on_skip = on_skip
         self._clone_sources = {u: os.fspath(p) for u, p in (clone_sources or {}).items()}
         self._clone_dirs = [os.fspath(d) for d in clone_dirs]
-        self._sources: dict[UUID, _Tree] = {}
+        self._sources: dict[UUID, _Tree] = {}  # open clone sources, the most recently used last
+        self._extracted: dict[UUID, Subvolume] = {}  # per subvolume: the last extracted of each UUID
         self._dest_fd = os.open(self.dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._tree: _Tree | None = None  # the current subvolume
         self._root_fd = -1  # an O_RDONLY fd of its root (for f* calls)
@@ -878,6 +880,8 @@ class Extractor:
             kind, name, cmd.get("uuid"), cmd.get("clone_uuid") if kind == "snapshot" else None, directory
         )
         self.report.subvolumes.append(self._subvolume)
+        if self.per_subvolume:
+            self._extracted[self._subvolume.uuid] = self._subvolume
 
     def _subvol(self, cmd: Command) -> None:
         self._begin(cmd, "subvol")
@@ -1135,7 +1139,14 @@ class Extractor:
         offset, size = self._u63(cmd, "file_offset", "size")
         if mode & ~_FALLOC_ALLOWED:
             raise BadCommand(f"fallocate mode 0x{mode:x}", expected="KEEP_SIZE, PUNCH_HOLE or ZERO_RANGE flags")
-        _fallocate(self._writable(parts), mode, offset, size)
+        fd = self._writable(parts)
+        # ext4 keeps what it allocated before ENOSPC: 40 bytes of stream would fill the disk.
+        if not mode & FALLOC_FL_PUNCH_HOLE and size > (free := _free_space(fd)):
+            raise ApplyError(
+                f"fallocate of {size} bytes does not fit in the free space of the file system ({free} bytes)",
+                errno=errno.ENOSPC,
+            )
+        _fallocate(fd, mode, offset, size)
 
     def _update_extent(self, cmd: Command) -> None:
         self._parts(cmd, root_ok=False)
@@ -1145,9 +1156,9 @@ class Extractor:
         """An O_PATH fd and the place of an extraction of subvolume ``uuid`` other than
         the current one: extracted before in this input (DIR/NAME, per subvolume),
         or given as a clone source. None when there is none."""
-        for sub in reversed(self.report.subvolumes):
-            if sub.uuid == uuid and sub is not self._subvolume and self.per_subvolume:
-                return os.open(sub.path, _DIR_FLAGS, dir_fd=self._dest_fd), sub.directory
+        sub = self._extracted.get(uuid)
+        if sub is not None and sub is not self._subvolume:
+            return os.open(sub.path, _DIR_FLAGS, dir_fd=self._dest_fd), sub.directory
         where = self._clone_sources.get(uuid)
         if where is not None:
             return os.open(where, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC), where
@@ -1170,8 +1181,9 @@ class Extractor:
         assert sub is not None
         if clone_uuid == sub.uuid:
             return self.tree
-        tree = self._sources.get(clone_uuid)
+        tree = self._sources.pop(clone_uuid, None)
         if tree is not None:
+            self._sources[clone_uuid] = tree  # the most recently used last
             return tree
         found = self._find_extraction(clone_uuid)
         if found is None:
@@ -1185,7 +1197,9 @@ class Extractor:
                 f"subvolume {clone_uuid} (path '{_show(clone_path)}') was not given", expected=self._hint(clone_uuid)
             )
         fd, where = found
-        tree = self._sources[clone_uuid] = _Tree(fd, f"clone source {where}")
+        if len(self._sources) >= _SOURCES_OPEN:  # each keeps fds: close the least recently used
+            self._sources.pop(next(iter(self._sources))).close()
+        tree = self._sources[clone_uuid] = _Tree(fd, f"clone source {where}", _COPY_CACHE)
         return tree
 
     def _clone(self, cmd: Command) -> None:
@@ -1239,8 +1253,7 @@ class Extractor:
                 index=cmd.index,
                 command=cmd.name,
             )
-        fs = os.fstatvfs(fd)
-        free = fs.f_frsize * (fs.f_bfree if os.geteuid() == 0 else fs.f_bavail)
+        free = _free_space(fd)
         if need > free:
             raise ApplyError(
                 f"{what} would copy {need} bytes of data (this file system cannot reflink), which does not "
@@ -1286,6 +1299,12 @@ def _locate(exc: ExtractError, cmd: Command, path: Any) -> None:
         exc.command = cmd.name
     if exc.path is None and path is not None:
         exc.path = bytes(path)
+
+
+def _free_space(fd: int) -> int:
+    """The bytes free for us in the file system of ``fd`` (root may use the reserve)."""
+    fs = os.fstatvfs(fd)
+    return fs.f_frsize * (fs.f_bfree if os.geteuid() == 0 else fs.f_bavail)
 
 
 def _open_listing(dirfd: int) -> int:
@@ -1429,6 +1448,30 @@ def _walk(tree: _Tree) -> Iterator[_Entry]:
             os.close(fd)
 
 
+class _Links:
+    """The inodes of several names met in a walk: the first name of each, until all
+    its names are met (memory: the hard-link groups still open)."""
+
+    def __init__(self) -> None:
+        self._first: dict[tuple[int, int], tuple[tuple[bytes, ...], int]] = {}
+
+    def seen(self, st: os.stat_result, parts: tuple[bytes, ...]) -> tuple[bytes, ...] | None:
+        """The first name met of ``parts``'s inode, or None when ``parts`` is the first."""
+        if st.st_nlink < 2:
+            return None
+        key = (st.st_dev, st.st_ino)
+        known = self._first.get(key)
+        if known is None:
+            self._first[key] = (parts, st.st_nlink - 1)
+            return None
+        first, left = known
+        if left > 1:
+            self._first[key] = (first, left - 1)
+        else:
+            del self._first[key]
+        return first
+
+
 def _holds(outer: int, inner: int) -> bool:
     """True when the directory ``inner`` is ``outer`` or below it."""
     target = os.fstat(outer)
@@ -1452,14 +1495,10 @@ def _data_size(tree: _Tree) -> tuple[int, tuple[bytes, ...] | None]:
     """The data bytes (holes left out) of the regular files of ``tree``, each inode
     once, and a file that has some (None when none has)."""
     total, sample = 0, None
-    linked: set[tuple[int, int]] = set()
+    links = _Links()
     for parts, st, done in _walk(tree):
-        if done or not stat.S_ISREG(st.st_mode) or not st.st_size:
+        if done or not stat.S_ISREG(st.st_mode) or not st.st_size or links.seen(st, parts) is not None:
             continue
-        if st.st_nlink > 1:
-            if (st.st_dev, st.st_ino) in linked:
-                continue
-            linked.add((st.st_dev, st.st_ino))
         fd = tree.open_regular(parts, _READ_FLAGS, "file of the parent")
         try:
             size = sum(end - start for start, end in _data_ranges(fd, 0, os.fstat(fd).st_size))
@@ -1493,7 +1532,7 @@ def _copy_tree(src: _Tree, dst: _Tree, skip: Callable[[bytes, str], None]) -> in
     possible, holes kept), hard links, owners, modes, xattrs, atimes and mtimes; the
     source is read with O_NOATIME, and a symlink's atime, which reading it changes, is
     put back. Returns the data bytes copied (not reflinked)."""
-    links: dict[tuple[int, int], tuple[bytes, ...]] = {}
+    links = _Links()
     copied = 0
     for parts, st, done in _walk(src):
         dst.trim()
@@ -1503,11 +1542,10 @@ def _copy_tree(src: _Tree, dst: _Tree, skip: Callable[[bytes, str], None]) -> in
             continue
         kind = stat.S_IFMT(st.st_mode)
         dirfd, name = dst.directory(parts[:-1]), parts[-1]
-        if kind != stat.S_IFDIR and st.st_nlink > 1:
-            first = links.setdefault((st.st_dev, st.st_ino), parts)
-            if first is not parts:
-                os.link(first[-1], name, src_dir_fd=dst.directory(first[:-1]), dst_dir_fd=dirfd, follow_symlinks=False)
-                continue
+        first = links.seen(st, parts) if kind != stat.S_IFDIR else None
+        if first is not None:
+            os.link(first[-1], name, src_dir_fd=dst.directory(first[:-1]), dst_dir_fd=dirfd, follow_symlinks=False)
+            continue
         if kind == stat.S_IFDIR:
             os.mkdir(name, 0o700, dir_fd=dirfd)
             continue  # its metadata once its entries are done

@@ -1081,12 +1081,13 @@ def read_deep(root: Path, path: bytes) -> bytes:
 
 
 @contextlib.contextmanager
-def few_fds() -> Iterator[None]:
-    """At most 400 open files (the fd cache keeps 256; one fd per level would be 2,000)."""
+def few_fds(limit: int = 400) -> Iterator[None]:
+    """At most ``limit`` open files (the fd cache keeps 256; one fd per level of a deep
+    tree would be 2,000)."""
     import resource
 
     limits = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (400, limits[1]))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limits[1]))
     try:
         yield
     finally:
@@ -1255,17 +1256,35 @@ def test_clone_copy_budget_counts_data_not_holes(copy_dir: Path) -> None:
     assert (copy_dir / "copy").stat().st_size == (1 << 30) + BLOCK
 
 
+@contextlib.contextmanager
+def small_fs(where: Path, kind: str, size: str) -> Iterator[Path]:
+    """A small file system of ``kind`` (tmpfs, or ext4 in an image file) mounted at
+    ``where``, unmounted afterwards; skips the test when it cannot be made."""
+    if os.geteuid() != 0:
+        pytest.skip(f"mounting a small {kind} needs root")
+    where.mkdir()
+    if kind == "tmpfs":
+        command = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)]
+    else:
+        image = where.parent / f"{where.name}.img"
+        subprocess.run(["truncate", "-s", size, str(image)], check=True)
+        made = subprocess.run([f"mkfs.{kind}", "-q", "-F", str(image)], capture_output=True)
+        if made.returncode != 0:
+            pytest.skip(f"cannot make a {kind}: {made.stderr.decode(errors='replace')}")
+        command = ["mount", "-o", "loop", str(image), str(where)]
+    mounted = subprocess.run(command, capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a {kind}: {mounted.stderr.decode(errors='replace')}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
+
+
 def test_clone_copy_must_fit_in_the_free_space(tmp_path: Path) -> None:
     """On a 1.5 MiB tmpfs, the doubling clones stop at the first that does not fit,
     with an error naming the sizes, before it writes anything."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    small = tmp_path / "small"
-    small.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1536k", "tmpfs", str(small)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.decode(errors='replace')}")
-    try:
+    with small_fs(tmp_path / "small", "tmpfs", "1536k") as small:
         data, offsets = doubling(40)
         with pytest.raises(ApplyError) as caught:
             extract(io.BytesIO(data), small)
@@ -1273,8 +1292,52 @@ def test_clone_copy_must_fit_in_the_free_space(tmp_path: Path) -> None:
         assert (exc.offset, exc.index, exc.command, exc.errno) == (offsets[7], 7, "clone", errno.ENOSPC)
         assert "would copy 1048576 bytes of data" in str(exc) and "does not fit in the free space" in str(exc)
         assert (small / "f").stat().st_size == 16 * CHUNK
-    finally:
-        subprocess.run(["umount", str(small)], check=True)
+
+
+def test_fallocate_must_fit_in_the_free_space(tmp_path: Path) -> None:
+    """ext4 keeps the blocks it allocated before ENOSPC: one FALLOCATE larger than the
+    free space would leave the file system full. It is refused before."""
+    with small_fs(tmp_path / "small", "ext4", "32M") as fs:
+        small = fs / "dest"  # not the root, which holds lost+found
+        small.mkdir()
+        free = os.statvfs(small).f_bfree * os.statvfs(small).f_frsize
+        allocate = build("fallocate", ("path", b"f"), ("fallocate_mode", 0), ("file_offset", 0), ("size", 64 << 20))
+        data, offsets = stream_of(subvol(), mkfile(b"f"), allocate, build("end"))
+        with pytest.raises(ApplyError) as caught:
+            extract(io.BytesIO(data), small)
+        exc = caught.value
+        assert (exc.offset, exc.index, exc.command, exc.errno) == (offsets[2], 2, "fallocate", errno.ENOSPC)
+        assert f"fallocate of {64 << 20} bytes does not fit in the free space" in str(exc)
+        assert os.statvfs(small).f_bfree * os.statvfs(small).f_frsize > free - (1 << 20)
+        assert (small / "f").stat().st_blocks == 0
+        # what fits is allocated (KEEP_SIZE: the size stays)
+        keep = build("fallocate", ("path", b"f"), ("fallocate_mode", 1), ("file_offset", 0), ("size", 1 << 20))
+        data, _ = stream_of(subvol(b"again"), mkfile(b"f"), keep, build("end"))
+        extract(io.BytesIO(data), small, per_subvolume=True)
+        st = (small / "again" / "f").stat()
+        assert (st.st_size, st.st_blocks * 512) == (0, 1 << 20)
+
+
+def test_many_clone_sources_keep_few_fds(tmp_path: Path) -> None:
+    """CLONEs from 20 clone sources, each file 10 directories deep: the sources kept
+    open (with the directory fds each caches) are bounded, so 150 open files do."""
+    clones = tmp_path / "clones"
+    inner = "/".join(f"d{i}" for i in range(10))
+    sources = [uuid.UUID(int=0x1000 + n) for n in range(20)]
+    for n, source in enumerate(sources):
+        (clones / str(source) / inner).mkdir(parents=True)
+        (clones / str(source) / inner / "f").write_bytes(b"source %02d\n" % n)
+    commands = [subvol()]
+    for n, source in enumerate(sources * 2):
+        target = b"t%02d" % n
+        commands += [mkfile(target, 300 + n), clone(target, inner.encode() + b"/f", source, length=10)]
+    data, _ = stream_of(*commands, build("end"))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with few_fds(150):
+        extract(io.BytesIO(data), dest, clone_dirs=[clones])
+    for n in range(40):
+        assert (dest / f"t{n:02d}").read_bytes() == b"source %02d\n" % (n % 20)
 
 
 def test_skips_are_counted_and_a_few_kept(tmp_path: Path) -> None:
