@@ -807,7 +807,8 @@ def relay(
     type=click.IntRange(min=0),
     default=None,
     metavar="BYTES",
-    help="Most bytes of data that clones may copy in all where DIR's file system cannot reflink (default: 64 GiB).",
+    help="Most bytes of data that clones (and copies of parents, with --per-subvolume) may copy in all "
+    "where DIR's file system cannot reflink (default: 64 GiB).",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No warnings about skipped commands and no summary.")
 @_max_size_option

@@ -34,7 +34,8 @@ offset, the command index and name, the path and what was expected. All
 checks, path resolution and decompression happen before a command changes
 anything, so a refused command leaves no trace; only an error of the file
 system in the middle of a data command (ENOSPC) can leave that command's
-range partly written, as with ``btrfs receive``. Commands before the failing
+range partly written, as with ``btrfs receive`` (or, per subvolume, the copy
+of a SNAPSHOT's parent partly made). Commands before the failing
 one stay applied (like ``btrfs receive``, there is no rollback).
 
 Differences from ``btrfs receive``, by design or by necessity:
@@ -278,7 +279,7 @@ class ExtractReport:
     skip_count: int = 0
     applied: int = 0
     data_bytes: int = 0  # file bytes written (WRITE, ENCODED_WRITE unencoded) and cloned
-    copied_bytes: int = 0  # data bytes clones copied where the file system could not reflink
+    copied_bytes: int = 0  # data bytes copied (clones, copies of parents) where no reflink was possible
     _groups: dict[tuple[str, str], SkipGroup] = dataclasses.field(default_factory=dict, init=False, repr=False)
     _other: SkipGroup = dataclasses.field(default_factory=lambda: SkipGroup(other=True), init=False, repr=False)
 
