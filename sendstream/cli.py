@@ -814,7 +814,17 @@ def relay(
 @click.option(
     "--per-subvolume",
     is_flag=True,
-    help="Put each subvolume in DIR/NAME, as btrfs receive does (for an input of several subvolumes).",
+    help="Put each subvolume in DIR/NAME, as btrfs receive does (for an input of several subvolumes); "
+    "an incremental becomes DIR/NAME made from a copy of its parent, extracted before it or given "
+    "with --clone-from.",
+)
+@click.option(
+    "--max-clone-copy",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="BYTES",
+    help="Most bytes of data that clones (and copies of parents, with --per-subvolume) may copy in all "
+    "where DIR's file system cannot reflink (default: 64 GiB).",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No warnings about skipped commands and no summary.")
 @_max_size_option
@@ -823,6 +833,7 @@ def extract(
     directory: str,
     clone_from: tuple[str, ...],
     per_subvolume: bool,
+    max_clone_copy: int | None,
     quiet: bool,
     max_command_size: int | None,
 ) -> None:
@@ -835,22 +846,28 @@ def extract(
     cannot apply here (fileattr, --no-data extents, xattrs or devices the
     file system or user may not have) are skipped with a warning.
     """
-    from .extract import Extractor, parse_clone_from
+    from .extract import MAX_CLONE_COPY, Extractor, parse_clone_from
 
     sources, dirs = parse_clone_from(clone_from)
     framer = Framer(max_command_size=max_command_size)
     with (
         open_input(stream) as source,
-        Extractor(directory, clone_sources=sources, clone_dirs=dirs, per_subvolume=per_subvolume) as extractor,
+        Extractor(
+            directory,
+            clone_sources=sources,
+            clone_dirs=dirs,
+            per_subvolume=per_subvolume,
+            max_clone_copy=MAX_CLONE_COPY if max_clone_copy is None else max_clone_copy,
+        ) as extractor,
     ):
         for event in file_events(source, framer):
             extractor.event(event)
     _warn(framer.problems)
     if not quiet:
         report = extractor.report
-        for first, count in report.skip_groups():
-            more = f" (and {count - 1} more like it)" if count > 1 else ""
-            click.echo(f"sendstream: warning: skipped: {first}{more}", err=True)
+        for group in report.skip_groups():
+            more = f" (and {group.count - 1} more {'of other kinds' if group.other else 'like it'})"
+            click.echo(f"sendstream: warning: skipped: {group.kept[0]}{more if group.count > 1 else ''}", err=True)
         click.echo(f"sendstream: {report.summary()}", err=True)
 
 

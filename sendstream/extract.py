@@ -6,7 +6,14 @@ in stream order, on any Linux file system: the subvolume of a full stream
 (SNAPSHOT) is applied in place onto a DIR that holds the extraction of its
 parent. With ``per_subvolume=True`` each subvolume goes to ``DIR/NAME``
 instead, as ``btrfs receive DIR`` places it; that is how an input holding
-several subvolumes (``btrfs send A B``, with or without ``-e``) is extracted.
+several subvolumes (``btrfs send A B``, with or without ``-e``, or a full
+stream and then an incremental of it) is extracted. There an incremental
+becomes a new ``DIR/NAME``, as btrfs makes a snapshot: a copy of its parent
+(reflinked where the file system can), which is found by the SNAPSHOT's
+parent UUID among the subvolumes extracted before it in the input, or among
+the clone sources; the parent stays as it was. The copy keeps types, data
+and holes, hard links, owners, modes, xattrs, atimes and mtimes, and counts
+against ``max_clone_copy`` where it cannot reflink.
 
 Safety: nothing is ever written outside DIR, whatever the stream says.
 Every path must be relative and made of plain names (no ``..``, ``.``,
@@ -27,7 +34,8 @@ offset, the command index and name, the path and what was expected. All
 checks, path resolution and decompression happen before a command changes
 anything, so a refused command leaves no trace; only an error of the file
 system in the middle of a data command (ENOSPC) can leave that command's
-range partly written, as with ``btrfs receive``. Commands before the failing
+range partly written, as with ``btrfs receive`` (or, per subvolume, the copy
+of a SNAPSHOT's parent partly made). Commands before the failing
 one stay applied (like ``btrfs receive``, there is no rollback).
 
 Differences from ``btrfs receive``, by design or by necessity:
@@ -38,7 +46,10 @@ Differences from ``btrfs receive``, by design or by necessity:
 - FILEATTR (inode flags) is ignored, as btrfs-progs 6.2 ignores it;
   UPDATE_EXTENT (``--no-data``) carries no data and is skipped, as there;
 - CLONE is a reflink (``FICLONERANGE``) where DIR's file system can, else a
-  copy that keeps the source's holes;
+  copy that keeps the source's holes; such copies are bounded: over the
+  whole extraction they copy at most ``max_clone_copy`` bytes of data (a
+  stream can double a file with each CLONE), and each must fit in the free
+  space of DIR's file system, checked before the command writes anything;
 - ENCODED_WRITE is always decompressed (zlib, zstd, lzo) and written;
 - ENABLE_VERITY is tried with ``FS_IOC_ENABLE_VERITY`` and skipped (reported)
   where the file system refuses;
@@ -49,13 +60,14 @@ Differences from ``btrfs receive``, by design or by necessity:
 - a CLONE whose source range starts at or beyond the source's end (``--no-data``
   streams) is skipped with a report, where btrfs receive fails (EINVAL).
 
-Not checked: that DIR really holds the parent of an incremental stream. btrfs
+Not checked: that DIR (or the directory found) really holds the parent of an
+incremental stream, beyond its UUID's name. btrfs
 finds the parent by its received UUID; a plain directory has no such record
 (keeping one would add a file or an xattr that the subvolume does not have).
 Applied to the wrong directory, an incremental fails at the first command
 that does not fit, with the commands before it applied. A clone from the
-parent snapshot needs an untouched copy of the parent (``clone_sources``),
-since DIR has changed in place.
+parent snapshot in place needs an untouched copy of the parent
+(``clone_sources``), since DIR has changed; per subvolume, the parent is it.
 """
 
 from __future__ import annotations
@@ -69,7 +81,7 @@ import fcntl
 import os
 import stat
 import struct
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, BinaryIO
 from uuid import UUID
@@ -83,12 +95,16 @@ from .files import file_events
 from .paths import Statistics
 
 __all__ = [
+    "MAX_CLONE_COPY",
+    "SKIPS_KEPT",
+    "SKIP_GROUPS_MAX",
     "ApplyError",
     "BadCommand",
     "CloneSourceMissing",
     "ExtractError",
     "ExtractReport",
     "Extractor",
+    "SkipGroup",
     "Skipped",
     "UnsafePath",
     "decompress",
@@ -114,6 +130,15 @@ FS_IOC_ENABLE_VERITY = 0x40806685  # _IOW('f', 133, struct fsverity_enable_arg)
 
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FD_CACHE_MAX = 256
+_TRAIL_STEP = 32  # see _Tree
+_COPY_CACHE = 64  # for a clone source and each of the two trees of a copy
+_SOURCES_OPEN = 8  # clone sources kept open at once
+# Skips kept per group, groups kept, and the length of a group's kind (ExtractReport).
+SKIPS_KEPT = 3
+SKIP_GROUPS_MAX = 64
+_SKIP_KIND_MAX = 200
+# What clones may copy (data bytes) over a whole extraction where DIR cannot reflink.
+MAX_CLONE_COPY = 64 << 30
 
 
 # --- errors ----------------------------------------------------------------
@@ -228,21 +253,55 @@ class Subvolume:
 
 
 @dataclasses.dataclass(slots=True)
+class SkipGroup:
+    """The skips of one command and kind of reason: how many, and the first few."""
+
+    kept: list[Skipped] = dataclasses.field(default_factory=list)
+    count: int = 0
+    other: bool = False  # every kind past the first SKIP_GROUPS_MAX, together
+
+
+@dataclasses.dataclass(slots=True)
 class ExtractReport:
-    """What an extraction did: subvolumes, statistics per stream, skips."""
+    """What an extraction did: subvolumes, statistics per stream, skips.
+
+    Skips are counted (``skip_count``) and grouped by command and kind of
+    reason (the reason up to its first ':'); ``skipped`` keeps the first
+    ``SKIPS_KEPT`` of each group, in order, and past ``SKIP_GROUPS_MAX``
+    groups every other kind goes into one more group. So what is kept is
+    bounded whatever the input (20 MB of unknown commands are 2 million
+    skips); :class:`Extractor`'s ``on_skip`` sees every one.
+    """
 
     subvolumes: list[Subvolume] = dataclasses.field(default_factory=list)
     statistics: Statistics = dataclasses.field(default_factory=Statistics)
     skipped: list[Skipped] = dataclasses.field(default_factory=list)
+    skip_count: int = 0
     applied: int = 0
     data_bytes: int = 0  # file bytes written (WRITE, ENCODED_WRITE unencoded) and cloned
+    copied_bytes: int = 0  # data bytes copied (clones, copies of parents) where no reflink was possible
+    _groups: dict[tuple[str, str], SkipGroup] = dataclasses.field(default_factory=dict, init=False, repr=False)
+    _other: SkipGroup = dataclasses.field(default_factory=lambda: SkipGroup(other=True), init=False, repr=False)
 
-    def skip_groups(self) -> list[tuple[Skipped, int]]:
-        """The skips grouped by command and kind of reason: the first of each, and how many."""
-        groups: dict[tuple[str, str], list[Skipped]] = {}
-        for s in self.skipped:
-            groups.setdefault((s.command, s.reason.split(":")[0]), []).append(s)
-        return [(items[0], len(items)) for items in groups.values()]
+    def add_skip(self, skipped: Skipped) -> None:
+        """Count one skip, and keep it if it is among the first of its group."""
+        self.skip_count += 1
+        # The kind can hold stream text (an xattr name, a path): cut, it stays a short key.
+        key = (skipped.command, skipped.reason.split(":", 1)[0][:_SKIP_KIND_MAX])
+        group = self._groups.get(key)
+        if group is None:
+            if len(self._groups) < SKIP_GROUPS_MAX:
+                group = self._groups[key] = SkipGroup()
+            else:
+                group = self._other
+        group.count += 1
+        if len(group.kept) < SKIPS_KEPT:
+            group.kept.append(skipped)
+            self.skipped.append(skipped)
+
+    def skip_groups(self) -> list[SkipGroup]:
+        """The groups of skips in the order of their first skip, the other kinds last."""
+        return [*self._groups.values(), *((self._other,) if self._other.count else ())]
 
     def summary(self) -> str:
         """One line: the subvolumes, commands applied, file bytes, skips."""
@@ -254,7 +313,7 @@ class ExtractReport:
         return (
             f"extracted {subvolumes or 'nothing'}: {self.applied} commands applied, "
             f"{self.data_bytes} bytes of file data written or cloned, "
-            f"{len(self.skipped)} skipped"
+            f"{self.skip_count} skipped"
         )
 
 
@@ -310,70 +369,156 @@ def _proc(fd: int, name: bytes | None = None) -> bytes:
     return base if name is None else base + b"/" + name
 
 
+class _CachedDir:
+    """A cached directory fd and the cached directories in it (a trie node)."""
+
+    __slots__ = ("children", "fd")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.children: dict[bytes, _CachedDir] = {}
+
+
 class _Tree:
     """A directory opened once; paths below it resolved without following symlinks.
 
-    Directory fds of resolved parents are cached (keyed by their components)
-    until :meth:`forget` (after anything that moves or removes directories);
-    :meth:`trim` bounds the cache between commands, never during one, so an
-    fd a command holds stays valid until it is done.
+    Directory fds of resolved parents are cached in a trie of components, so
+    every cached directory's ancestors are cached too and a lookup costs one
+    step per component, whatever the depth. At most ``cache`` are cached;
+    past that, directories are opened one by one, and of the last path
+    resolved so (the trail) every ``_TRAIL_STEP``-th directory and the last
+    one stay open: a lookup on or below that path starts from them, so a
+    deep chain costs one open per command, and a walk back up at most
+    ``_TRAIL_STEP`` per directory. Entries are dropped by :meth:`forget_under`
+    (after anything that moves or removes directories); fds handed out are
+    closed by :meth:`trim`, which runs between commands, never during one, so
+    an fd a command holds stays valid until it is done.
     """
 
-    def __init__(self, fd: int, label: str) -> None:
+    def __init__(self, fd: int, label: str, cache: int = _FD_CACHE_MAX) -> None:
         self.fd = fd
         self.label = label
-        self._dirs: dict[tuple[bytes, ...], int] = {}
+        self._cache = cache
+        self._root = _CachedDir(fd)
+        self._cached = 0
+        self._trail_parts: tuple[bytes, ...] = ()
+        self._trail: list[tuple[int, int]] = []  # (depth, fd) along _trail_parts, deepest last
+        self._loose: list[int] = []  # no longer cached or on the trail, maybe still in use
 
     def forget(self) -> None:
-        for fd in self._dirs.values():
-            os.close(fd)
-        self._dirs.clear()
+        self._forget_cached()
+        self._cut_trail(0)
+        self.trim()
+
+    def _forget_cached(self) -> None:
+        self._close_subtrees(list(self._root.children.values()))
+        self._root.children.clear()
+
+    def _close_subtrees(self, stack: list[_CachedDir]) -> None:
+        while stack:
+            node = stack.pop()
+            os.close(node.fd)
+            self._cached -= 1
+            stack.extend(node.children.values())
+
+    def _cut_trail(self, depth: int) -> None:
+        """Drop the trail's directories deeper than ``depth``."""
+        while self._trail and self._trail[-1][0] > depth:
+            self._loose.append(self._trail.pop()[1])  # the command may still use it
+        self._trail_parts = self._trail_parts[: self._trail[-1][0]] if self._trail else ()
 
     def forget_under(self, parts: tuple[bytes, ...]) -> None:
         """Forget the directories at ``parts`` and below (it was moved or removed)."""
-        if parts not in self._dirs:  # the cache holds every ancestor of what it holds
-            return
-        n = len(parts)
-        for key in [k for k in self._dirs if k[:n] == parts]:
-            os.close(self._dirs.pop(key))
+        if parts and self._trail_parts[: len(parts)] == parts:
+            self._cut_trail(len(parts) - 1)
+        node = self._root
+        for name in parts[:-1]:
+            child = node.children.get(name)
+            if child is None:
+                return
+            node = child
+        gone = node.children.pop(parts[-1], None) if parts else None
+        if gone is not None:
+            self._close_subtrees([gone])
 
     def trim(self) -> None:
-        if len(self._dirs) >= _FD_CACHE_MAX:
-            self.forget()
+        while self._loose:
+            os.close(self._loose.pop())
+        if self._cached >= self._cache:
+            self._forget_cached()
 
     def close(self) -> None:
         self.forget()
         os.close(self.fd)
 
     def directory(self, parts: tuple[bytes, ...]) -> int:
-        """The fd of the directory ``parts`` (borrowed: valid until :meth:`forget`)."""
-        if not parts:
-            return self.fd
-        fd = self._dirs.get(parts)
-        if fd is not None:
+        """The fd of the directory ``parts`` (borrowed: valid until :meth:`trim`)."""
+        node = self._root
+        known = 0  # components resolved without opening anything
+        for name in parts:
+            child = node.children.get(name)
+            if child is None:
+                break
+            node = child
+            known += 1
+        fd = node.fd
+        if known == len(parts):
             return fd
-        parent = self.directory(parts[:-1])
-        name = parts[-1]
+        trail_parts = self._trail_parts
+        common = min(len(parts), len(trail_parts))  # components shared with the trail
+        if parts[:common] != trail_parts[:common]:
+            common = next(i for i, (a, b) in enumerate(zip(parts, trail_parts, strict=False)) if a != b)
+        caching = True
+        for depth, trail_fd in reversed(self._trail):
+            if depth <= common:
+                if depth > known:
+                    known, fd, caching = depth, trail_fd, False
+                break
+        owned = False  # fd is an intermediate one, ours to close
+        on_trail = False  # the trail follows parts (after its first new directory)
+        for depth in range(known, len(parts)):
+            try:
+                new = self._open(fd, parts, depth)
+            finally:
+                if owned:
+                    os.close(fd)
+            if caching and self._cached < self._cache:
+                child = _CachedDir(new)
+                node.children[parts[depth]] = child
+                node = child
+                self._cached += 1
+            elif (depth + 1) % _TRAIL_STEP and depth + 1 < len(parts):
+                caching, owned = False, True
+            else:
+                if not on_trail:  # what the trail has beyond the shared part is another path
+                    self._cut_trail(common)
+                    on_trail = True
+                if self._trail and self._trail[-1][0] % _TRAIL_STEP:  # the last is the last no more
+                    self._loose.append(self._trail.pop()[1])
+                caching, owned = False, False
+                self._trail.append((depth + 1, new))
+                self._trail_parts = parts[: depth + 1]
+            fd = new
+        return fd
+
+    def _open(self, parent: int, parts: tuple[bytes, ...], depth: int) -> int:
+        """Open the directory ``parts[depth]`` in ``parent`` (which is ``parts[:depth]``)."""
+        name = parts[depth]
         try:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+            return os.open(name, _DIR_FLAGS, dir_fd=parent)
         except OSError as exc:
+            shown = _show(b"/".join(parts[: depth + 1]))
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 with contextlib.suppress(OSError):
                     if stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
                         raise UnsafePath(
-                            f"'{_show(b'/'.join(parts))}' in {self.label} is a symlink",
+                            f"'{shown}' in {self.label} is a symlink",
                             expected="a directory (symlinks are never followed)",
                         ) from None
-                raise ApplyError(
-                    f"'{_show(b'/'.join(parts))}' in {self.label} is not a directory",
-                    errno=errno.ENOTDIR,
-                ) from None
+                raise ApplyError(f"'{shown}' in {self.label} is not a directory", errno=errno.ENOTDIR) from None
             raise ApplyError(
-                f"cannot open directory '{_show(b'/'.join(parts))}' in {self.label}: {exc.strerror}",
-                errno=exc.errno,
+                f"cannot open directory '{shown}' in {self.label}: {exc.strerror}", errno=exc.errno
             ) from None
-        self._dirs[parts] = fd
-        return fd
 
     def open_regular(self, parts: tuple[bytes, ...], flags: int, what: str) -> int:
         """An fd of the regular file at ``parts`` opened with ``flags``.
@@ -474,7 +619,9 @@ class Extractor:
     the UUID of a clone-source subvolume to the directory holding its
     extraction; each directory of ``clone_dirs`` may hold such extractions
     in subdirectories named by UUID (``DIR/9db24a68-fcc1-...``). The
-    subvolume being extracted is its own clone source. ``on_skip`` is
+    subvolume being extracted is its own clone source. Where the file system
+    cannot reflink, clones copy at most ``max_clone_copy`` bytes of data in
+    all (:class:`sendstream.errors.LimitExceeded` past it). ``on_skip`` is
     called for every :class:`Skipped` as it happens.
     """
 
@@ -486,16 +633,19 @@ class Extractor:
         clone_dirs: Sequence[str | os.PathLike[str]] = (),
         per_subvolume: bool = False,
         max_unencoded: int = MAX_UNENCODED,
+        max_clone_copy: int = MAX_CLONE_COPY,
         on_skip: Callable[[Skipped], None] | None = None,
     ) -> None:
         self.dest = os.fspath(dest)
         self.per_subvolume = per_subvolume
         self.max_unencoded = max_unencoded
+        self.max_clone_copy = max_clone_copy
         self.report = ExtractReport()
         self._on_skip = on_skip
         self._clone_sources = {u: os.fspath(p) for u, p in (clone_sources or {}).items()}
         self._clone_dirs = [os.fspath(d) for d in clone_dirs]
-        self._sources: dict[UUID, _Tree] = {}
+        self._sources: dict[UUID, _Tree] = {}  # open clone sources, the most recently used last
+        self._extracted: dict[UUID, Subvolume] = {}  # per subvolume: the last extracted of each UUID
         self._dest_fd = os.open(self.dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._tree: _Tree | None = None  # the current subvolume
         self._root_fd = -1  # an O_RDONLY fd of its root (for f* calls)
@@ -604,6 +754,9 @@ class Extractor:
             self._stop_writing()
             _locate(exc, command, path)
             raise
+        except e.LimitExceeded:
+            self._stop_writing()
+            raise
         except KeyError as exc:
             self._stop_writing()
             raise BadCommand(
@@ -640,7 +793,7 @@ class Extractor:
         cmd = self._cmd
         assert cmd is not None
         skipped = Skipped(cmd.offset, cmd.index, cmd.name, path, reason)
-        self.report.skipped.append(skipped)
+        self.report.add_skip(skipped)
         if self._on_skip is not None:
             self._on_skip(skipped)
 
@@ -700,6 +853,8 @@ class Extractor:
                 raise UnsafePath("the subvolume name is not a single name", expected="one path component")
             if kind == "subvol":
                 os.mkdir(parts[0], 0o700, dir_fd=self._dest_fd)
+            else:
+                self._copy_parent(cmd, parts[0])
             root = os.open(parts[0], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dest_fd)
             directory = os.path.join(self.dest, os.fsdecode(parts[0]))
         else:
@@ -711,7 +866,7 @@ class Extractor:
                 raise BadCommand(
                     f"{directory!r} is not empty", expected="an empty directory for a full stream (SUBVOL)"
                 )
-            if kind == "snapshot" and empty:
+            if kind == "snapshot" and empty and not self.per_subvolume:
                 raise BadCommand(
                     f"{directory!r} is empty",
                     expected=f"the extraction of the parent subvolume {cmd.get('clone_uuid')} (incremental stream)",
@@ -726,6 +881,8 @@ class Extractor:
             kind, name, cmd.get("uuid"), cmd.get("clone_uuid") if kind == "snapshot" else None, directory
         )
         self.report.subvolumes.append(self._subvolume)
+        if self.per_subvolume:
+            self._extracted[self._subvolume.uuid] = self._subvolume
 
     def _subvol(self, cmd: Command) -> None:
         self._begin(cmd, "subvol")
@@ -983,47 +1140,67 @@ class Extractor:
         offset, size = self._u63(cmd, "file_offset", "size")
         if mode & ~_FALLOC_ALLOWED:
             raise BadCommand(f"fallocate mode 0x{mode:x}", expected="KEEP_SIZE, PUNCH_HOLE or ZERO_RANGE flags")
-        _fallocate(self._writable(parts), mode, offset, size)
+        fd = self._writable(parts)
+        # ext4 keeps what it allocated before ENOSPC: 40 bytes of stream would fill the disk.
+        if not mode & FALLOC_FL_PUNCH_HOLE and size > (free := _free_space(fd)):
+            raise ApplyError(
+                f"fallocate of {size} bytes does not fit in the free space of the file system ({free} bytes)",
+                errno=errno.ENOSPC,
+            )
+        _fallocate(fd, mode, offset, size)
 
     def _update_extent(self, cmd: Command) -> None:
         self._parts(cmd, root_ok=False)
         self._skip(bytes(cmd.get("path")), "no file data in the stream (btrfs send --no-data)")
+
+    def _find_extraction(self, uuid: UUID) -> tuple[int, str] | None:
+        """An O_PATH fd and the place of an extraction of subvolume ``uuid`` other than
+        the current one: extracted before in this input (DIR/NAME, per subvolume),
+        or given as a clone source. None when there is none."""
+        sub = self._extracted.get(uuid)
+        if sub is not None and sub is not self._subvolume:
+            return os.open(sub.path, _DIR_FLAGS, dir_fd=self._dest_fd), sub.directory
+        where = self._clone_sources.get(uuid)
+        if where is not None:
+            return os.open(where, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC), where
+        for d in self._clone_dirs:
+            base = os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                return os.open(str(uuid), _DIR_FLAGS, dir_fd=base), os.path.join(d, str(uuid))
+            except FileNotFoundError:
+                continue
+            finally:
+                os.close(base)
+        return None
+
+    @staticmethod
+    def _hint(uuid: UUID) -> str:
+        return f"--clone-from {uuid}=DIR, or a --clone-from DIR holding a directory named {uuid}"
 
     def _clone_tree(self, clone_uuid: UUID, clone_path: bytes) -> _Tree:
         sub = self._subvolume
         assert sub is not None
         if clone_uuid == sub.uuid:
             return self.tree
-        tree = self._sources.get(clone_uuid)
+        tree = self._sources.pop(clone_uuid, None)
         if tree is not None:
+            self._sources[clone_uuid] = tree  # the most recently used last
             return tree
-        where = self._clone_sources.get(clone_uuid)
-        fd = -1
-        if where is not None:
-            fd = os.open(where, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        else:
-            for d in self._clone_dirs:
-                base = os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-                try:
-                    fd = os.open(str(clone_uuid), _DIR_FLAGS, dir_fd=base)
-                    where = os.path.join(d, str(clone_uuid))
-                    break
-                except FileNotFoundError:
-                    continue
-                finally:
-                    os.close(base)
-        if fd < 0 or where is None:
-            hint = f"--clone-from {clone_uuid}=DIR, or a --clone-from DIR holding a directory named {clone_uuid}"
-            if clone_uuid == sub.parent_uuid:
+        found = self._find_extraction(clone_uuid)
+        if found is None:
+            if clone_uuid == sub.parent_uuid and not self.per_subvolume:
                 raise CloneSourceMissing(
                     f"the clone source is the parent snapshot {clone_uuid} (path '{_show(clone_path)}'), which "
                     "the extraction has changed in place",
-                    expected=f"an untouched extraction of the parent: {hint}",
+                    expected=f"an untouched extraction of the parent: {self._hint(clone_uuid)}",
                 )
             raise CloneSourceMissing(
-                f"subvolume {clone_uuid} (path '{_show(clone_path)}') was not given", expected=hint
+                f"subvolume {clone_uuid} (path '{_show(clone_path)}') was not given", expected=self._hint(clone_uuid)
             )
-        tree = self._sources[clone_uuid] = _Tree(fd, f"clone source {where}")
+        fd, where = found
+        if len(self._sources) >= _SOURCES_OPEN:  # each keeps fds: close the least recently used
+            self._sources.pop(next(iter(self._sources))).close()
+        tree = self._sources[clone_uuid] = _Tree(fd, f"clone source {where}", _COPY_CACHE)
         return tree
 
     def _clone(self, cmd: Command) -> None:
@@ -1053,10 +1230,65 @@ class Extractor:
                 src_offset < offset + length and offset < src_offset + length
             ):
                 raise BadCommand("the clone range overlaps its source in the same file", expected="separate ranges")
-            _clone_range(src, src_offset, length, dst, offset)
+            if not _reflink(src, src_offset, length, dst, offset):
+                need = sum(end - start for start, end in _data_ranges(src, src_offset, src_offset + length))
+                self._allow_copy(need, f"the clone of {length} bytes into '{_show(b'/'.join(parts))}'", dst)
+                self.report.copied_bytes += _copy_range(src, src_offset, length, dst, offset)
             self.report.data_bytes += length
         finally:
             os.close(src)
+
+    def _allow_copy(self, need: int, what: str, fd: int) -> None:
+        """Refuse a copy of ``need`` bytes of data (``what``, into the file system of ``fd``)
+        past the copy budget (``max_clone_copy``) or the free space; before it writes."""
+        used = self.report.copied_bytes
+        if need > self.max_clone_copy - used:
+            cmd = self._cmd
+            assert cmd is not None
+            raise e.LimitExceeded(
+                f"{what} would copy {need} bytes of data (this file system cannot reflink), and copies "
+                f"have taken {used} bytes already",
+                limit=self.max_clone_copy,
+                option="--max-clone-copy",
+                offset=cmd.offset,
+                index=cmd.index,
+                command=cmd.name,
+            )
+        free = _free_space(fd)
+        if need > free:
+            raise ApplyError(
+                f"{what} would copy {need} bytes of data (this file system cannot reflink), which does not "
+                f"fit in the free space of the file system ({free} bytes)",
+                errno=errno.ENOSPC,
+            )
+
+    def _copy_parent(self, cmd: Command, name: bytes) -> None:
+        """Make DIR/``name`` a copy of the extraction of the SNAPSHOT's parent, as
+        ``btrfs receive`` snapshots it; the parent stays as it was."""
+        parent = cmd.get("clone_uuid")
+        found = self._find_extraction(parent)
+        if found is None:
+            raise CloneSourceMissing(
+                f"the parent {parent} of the incremental stream of '{_show(name)}' was not extracted before it "
+                "in this input, nor given",
+                expected=f"its extraction: {self._hint(parent)}",
+            )
+        fd, where = found
+        source = _Tree(fd, f"parent {where}", _COPY_CACHE)
+        try:
+            if _holds(fd, self._dest_fd):
+                raise BadCommand(f"the parent's extraction {where} holds DIR", expected="a directory outside DIR")
+            need, sample = _data_size(source)
+            if sample is not None and not _can_reflink(source, sample, self._dest_fd):
+                self._allow_copy(need, f"the copy of the parent {parent} ({where})", self._dest_fd)
+            os.mkdir(name, 0o700, dir_fd=self._dest_fd)
+            copy = _Tree(os.open(name, _DIR_FLAGS, dir_fd=self._dest_fd), f"subvolume {_show(name)}", _COPY_CACHE)
+            try:
+                self.report.copied_bytes += _copy_tree(source, copy, self._skip)
+            finally:
+                copy.close()
+        finally:
+            source.close()
 
 
 def _locate(exc: ExtractError, cmd: Command, path: Any) -> None:
@@ -1070,13 +1302,24 @@ def _locate(exc: ExtractError, cmd: Command, path: Any) -> None:
         exc.path = bytes(path)
 
 
-def _is_empty(dirfd: int) -> bool:
-    """True when the directory has no entry (read with O_NOATIME where allowed:
-    its atime is part of what is extracted)."""
+def _free_space(fd: int) -> int:
+    """The bytes free for us in the file system of ``fd`` (root may use the reserve)."""
+    fs = os.fstatvfs(fd)
+    return fs.f_frsize * (fs.f_bfree if os.geteuid() == 0 else fs.f_bavail)
+
+
+def _open_listing(dirfd: int) -> int:
+    """An fd to read the entries of the directory ``dirfd``, with O_NOATIME where
+    allowed: its atime is part of what is extracted."""
     try:
-        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOATIME | os.O_CLOEXEC, dir_fd=dirfd)
+        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOATIME | os.O_CLOEXEC, dir_fd=dirfd)
     except PermissionError:
-        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dirfd)
+        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dirfd)
+
+
+def _is_empty(dirfd: int) -> bool:
+    """True when the directory has no entry."""
+    fd = _open_listing(dirfd)
     try:
         with os.scandir(fd) as entries:
             return next(entries, None) is None
@@ -1091,33 +1334,52 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
         offset += n
 
 
-def _clone_range(src: int, src_offset: int, length: int, dst: int, dst_offset: int) -> None:
-    """Make ``dst[dst_offset:+length]`` what ``src[src_offset:+length]`` is, holes included."""
+def _reflink(src: int, src_offset: int, length: int, dst: int, dst_offset: int) -> bool:
+    """Share ``src[src_offset:+length]`` at ``dst_offset``; False where the file system cannot."""
     try:
         fcntl.ioctl(dst, FICLONERANGE, struct.pack("<qQQQ", src, src_offset, length, dst_offset))
-        return
     except OSError as exc:
         if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS):
             raise
-    dst_size = os.fstat(dst).st_size
-    end = src_offset + length
-    pos = src_offset
+        return False
+    return True
+
+
+def _data_ranges(fd: int, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """The ranges of ``fd`` between ``start`` and ``end`` that hold data (not holes)."""
+    pos = start
     while pos < end:
         try:
-            data = min(os.lseek(src, pos, os.SEEK_DATA), end)
+            data = os.lseek(fd, pos, os.SEEK_DATA)
         except OSError as exc:
             if exc.errno != errno.ENXIO:
                 raise
-            data = end
-        if data > pos:  # a hole in the source: a hole in the destination
-            _punch(dst, dst_offset + pos - src_offset, data - pos, dst_size)
+            return
         if data >= end:
-            break
-        hole = min(os.lseek(src, data, os.SEEK_HOLE), end)
-        _copy(src, data, dst, dst_offset + data - src_offset, hole - data)
+            return
+        hole = min(os.lseek(fd, data, os.SEEK_HOLE), end)
+        yield data, hole
         pos = hole
+
+
+def _copy_range(src: int, src_offset: int, length: int, dst: int, dst_offset: int) -> int:
+    """Make ``dst[dst_offset:+length]`` what ``src[src_offset:+length]`` is, holes
+    included; the data bytes copied."""
+    dst_size = os.fstat(dst).st_size
+    shift = dst_offset - src_offset
+    pos = src_offset
+    copied = 0
+    for data, hole in _data_ranges(src, src_offset, src_offset + length):
+        if data > pos:  # a hole in the source: a hole in the destination
+            _punch(dst, pos + shift, data - pos, dst_size)
+        _copy(src, data, dst, data + shift, hole - data)
+        copied += hole - data
+        pos = hole
+    if pos < src_offset + length:
+        _punch(dst, pos + shift, src_offset + length - pos, dst_size)
     if dst_size < dst_offset + length:
         os.ftruncate(dst, max(os.fstat(dst).st_size, dst_offset + length))
+    return copied
 
 
 def _punch(fd: int, offset: int, length: int, size: int) -> None:
@@ -1158,6 +1420,217 @@ def _copy(src: int, src_offset: int, dst: int, dst_offset: int, length: int) -> 
         length -= n
 
 
+# --- snapshots: a copy of the parent -------------------------------------------
+
+_Entry = tuple[tuple[bytes, ...], os.stat_result, bool]
+_READ_FLAGS = os.O_RDONLY | os.O_NOATIME | os.O_NONBLOCK
+
+
+def _walk(tree: _Tree) -> Iterator[_Entry]:
+    """Every entry of ``tree`` depth first, without recursion: ``(parts, stat, False)``,
+    then for a directory ``(parts, stat, True)`` once its entries are done (the root is
+    ``()``). Directories are read with O_NOATIME where allowed. Memory: the names not
+    yet visited of the directories on the way down."""
+    stack: list[tuple[tuple[bytes, ...], os.stat_result | None, bool]] = [((), os.fstat(tree.fd), False)]
+    while stack:
+        tree.trim()
+        parts, st, done = stack.pop()
+        if st is None:
+            st = os.stat(parts[-1], dir_fd=tree.directory(parts[:-1]), follow_symlinks=False)
+        yield parts, st, done
+        if done or not stat.S_ISDIR(st.st_mode):
+            continue
+        stack.append((parts, st, True))
+        fd = _open_listing(tree.directory(parts))
+        try:
+            with os.scandir(fd) as entries:
+                stack.extend(((*parts, os.fsencode(entry.name)), None, False) for entry in entries)
+        finally:
+            os.close(fd)
+
+
+class _Links:
+    """The inodes of several names met in a walk: the first name of each, until all
+    its names are met (memory: the hard-link groups still open)."""
+
+    def __init__(self) -> None:
+        self._first: dict[tuple[int, int], tuple[tuple[bytes, ...], int]] = {}
+
+    def seen(self, st: os.stat_result, parts: tuple[bytes, ...]) -> tuple[bytes, ...] | None:
+        """The first name met of ``parts``'s inode, or None when ``parts`` is the first."""
+        if st.st_nlink < 2:
+            return None
+        key = (st.st_dev, st.st_ino)
+        known = self._first.get(key)
+        if known is None:
+            self._first[key] = (parts, st.st_nlink - 1)
+            return None
+        first, left = known
+        if left > 1:
+            self._first[key] = (first, left - 1)
+        else:
+            del self._first[key]
+        return first
+
+
+def _holds(outer: int, inner: int) -> bool:
+    """True when the directory ``inner`` is ``outer`` or below it."""
+    target = os.fstat(outer)
+    fd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=inner)
+    try:
+        while True:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+                return True
+            up = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = up
+            above = os.fstat(fd)
+            if (above.st_dev, above.st_ino) == (st.st_dev, st.st_ino):  # the root
+                return False
+    finally:
+        os.close(fd)
+
+
+def _data_size(tree: _Tree) -> tuple[int, tuple[bytes, ...] | None]:
+    """The data bytes (holes left out) of the regular files of ``tree``, each inode
+    once, and a file that has some (None when none has)."""
+    total, sample = 0, None
+    links = _Links()
+    for parts, st, done in _walk(tree):
+        if done or not stat.S_ISREG(st.st_mode) or not st.st_size or links.seen(st, parts) is not None:
+            continue
+        fd = tree.open_regular(parts, _READ_FLAGS, "file of the parent")
+        try:
+            size = sum(end - start for start, end in _data_ranges(fd, 0, os.fstat(fd).st_size))
+        finally:
+            os.close(fd)
+        if size and sample is None:
+            sample = parts
+        total += size
+    return total, sample
+
+
+def _can_reflink(tree: _Tree, sample: tuple[bytes, ...], dirfd: int) -> bool:
+    """Whether the file ``sample`` of ``tree`` reflinks into the file system of ``dirfd``
+    (tried on an unnamed temporary file, which leaves nothing behind)."""
+    src = tree.open_regular(sample, _READ_FLAGS, "file of the parent")
+    try:
+        try:
+            tmp = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600, dir_fd=dirfd)
+        except OSError:  # no O_TMPFILE here: count on copies
+            return False
+        try:
+            return _reflink(src, 0, os.fstat(src).st_size, tmp, 0)
+        finally:
+            os.close(tmp)
+    finally:
+        os.close(src)
+
+
+def _copy_tree(src: _Tree, dst: _Tree, skip: Callable[[bytes, str], None]) -> int:
+    """Copy every entry of ``src`` into the empty ``dst``: types, data (reflinked where
+    possible, holes kept), hard links, owners, modes, xattrs, atimes and mtimes; the
+    source is read with O_NOATIME, and a symlink's atime, which reading it changes, is
+    put back. Returns the data bytes copied (not reflinked)."""
+    links = _Links()
+    copied = 0
+    for parts, st, done in _walk(src):
+        dst.trim()
+        if done or not parts:
+            if done:
+                _copy_metadata(src, dst, parts, st, skip)
+            continue
+        kind = stat.S_IFMT(st.st_mode)
+        dirfd, name = dst.directory(parts[:-1]), parts[-1]
+        first = links.seen(st, parts) if kind != stat.S_IFDIR else None
+        if first is not None:
+            os.link(first[-1], name, src_dir_fd=dst.directory(first[:-1]), dst_dir_fd=dirfd, follow_symlinks=False)
+            continue
+        if kind == stat.S_IFDIR:
+            os.mkdir(name, 0o700, dir_fd=dirfd)
+            continue  # its metadata once its entries are done
+        if kind == stat.S_IFREG:
+            copied += _copy_file(src, parts, dirfd)
+        elif kind == stat.S_IFLNK:
+            os.symlink(_read_link(src, parts, st), name, dir_fd=dirfd)
+        elif kind == stat.S_IFIFO:
+            os.mkfifo(name, 0o600, dir_fd=dirfd)
+        else:
+            try:
+                os.mknod(name, kind | 0o600, st.st_rdev, dir_fd=dirfd)
+            except PermissionError:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                os.close(os.open(name, flags, 0o600, dir_fd=dirfd))
+                skip(
+                    b"/".join(parts),
+                    f"not permitted to make a {_kind(st.st_mode)} ({os.major(st.st_rdev)}, {os.minor(st.st_rdev)}) "
+                    "in the copy of the parent: made an empty regular file in its place",
+                )
+        _copy_metadata(src, dst, parts, st, skip)
+    return copied
+
+
+def _copy_file(src: _Tree, parts: tuple[bytes, ...], dirfd: int) -> int:
+    """Copy the regular file ``parts`` of ``src`` to the new file ``parts[-1]`` in
+    ``dirfd``; the data bytes copied (0 when reflinked)."""
+    fd = src.open_regular(parts, _READ_FLAGS, "file of the parent")
+    try:
+        out = os.open(
+            parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dirfd
+        )
+        try:
+            size = os.fstat(fd).st_size
+            if not size or _reflink(fd, 0, size, out, 0):
+                return 0
+            return _copy_range(fd, 0, size, out, 0)
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)
+
+
+def _read_link(src: _Tree, parts: tuple[bytes, ...], st: os.stat_result) -> bytes:
+    dirfd = src.directory(parts[:-1])
+    target = os.readlink(parts[-1], dir_fd=dirfd)
+    if os.stat(parts[-1], dir_fd=dirfd, follow_symlinks=False).st_atime_ns != st.st_atime_ns:
+        with contextlib.suppress(OSError):  # a read-only parent keeps the new atime
+            os.utime(parts[-1], ns=(st.st_atime_ns, st.st_mtime_ns), dir_fd=dirfd, follow_symlinks=False)
+    return target
+
+
+def _copy_metadata(
+    src: _Tree, dst: _Tree, parts: tuple[bytes, ...], st: os.stat_result, skip: Callable[[bytes, str], None]
+) -> None:
+    """Owner, xattrs, mode and times of ``parts`` from ``src`` to ``dst``, in that order
+    (chown clears capabilities and setuid bits; the times come last)."""
+    if parts:  # the entry itself, through its directory (never following a symlink)
+        source, target, follow = (
+            _proc(src.directory(parts[:-1]), parts[-1]),
+            _proc(dst.directory(parts[:-1]), parts[-1]),
+            False,
+        )
+    else:  # the root, a directory: through its fd
+        source, target, follow = _proc(src.fd), _proc(dst.fd), True
+    shown = b"/".join(parts)
+    try:
+        os.chown(target, st.st_uid, st.st_gid, follow_symlinks=follow)
+    except PermissionError as exc:
+        if os.geteuid() == 0:
+            raise
+        skip(shown, f"chown to {st.st_uid}:{st.st_gid}: {exc.strerror} (not root)")
+    for name in os.listxattr(source, follow_symlinks=follow):
+        try:
+            os.setxattr(target, name, os.getxattr(source, name, follow_symlinks=follow), follow_symlinks=follow)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM):
+                raise
+            skip(shown, f"xattr {name}: {exc.strerror}")
+    if not stat.S_ISLNK(st.st_mode):
+        os.chmod(target, stat.S_IMODE(st.st_mode))
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=follow)
+
+
 def extract(
     source: BinaryIO,
     dest: str | os.PathLike[str],
@@ -1165,6 +1638,7 @@ def extract(
     clone_sources: Mapping[UUID, str | os.PathLike[str]] | None = None,
     clone_dirs: Sequence[str | os.PathLike[str]] = (),
     per_subvolume: bool = False,
+    max_clone_copy: int = MAX_CLONE_COPY,
     on_skip: Callable[[Skipped], None] | None = None,
     events: Iterable[Any] | None = None,
 ) -> ExtractReport:
@@ -1173,7 +1647,12 @@ def extract(
     ``events`` replaces reading ``source`` (e.g. a Decoder's events).
     """
     with Extractor(
-        dest, clone_sources=clone_sources, clone_dirs=clone_dirs, per_subvolume=per_subvolume, on_skip=on_skip
+        dest,
+        clone_sources=clone_sources,
+        clone_dirs=clone_dirs,
+        per_subvolume=per_subvolume,
+        max_clone_copy=max_clone_copy,
+        on_skip=on_skip,
     ) as extractor:
         for event in events if events is not None else file_events(source):
             extractor.event(event)

@@ -375,16 +375,19 @@ _FILE_LEN = {"encoded_write": "unencoded_file_len", "clone": "clone_len", "updat
 
 @dataclasses.dataclass(slots=True)
 class StreamStats:
-    """Counts and bytes per command kind of one stream (header to END)."""
+    """Counts and bytes per command kind of one stream (header to END); every
+    command number this library does not know counts as kind ``unknown``."""
 
     offset: int
     version: int
     commands: dict[str, CommandStats] = dataclasses.field(default_factory=dict)
 
     def add(self, command: Command) -> None:
-        stats = self.commands.get(command.name)
+        # Unknown command numbers share one row: 65,000 of them must not make 65,000 rows.
+        name = command.name if command.spec is not None else "unknown"
+        stats = self.commands.get(name)
         if stats is None:
-            stats = self.commands[command.name] = CommandStats()
+            stats = self.commands[name] = CommandStats()
         stats.count += 1
         stats.wire_bytes += wire_size(command, self.version)
         data = command.raw(A_DATA) if command.attributes is not None else None

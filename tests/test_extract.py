@@ -28,6 +28,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ import pytest
 from conftest import FIXTURES, STREAMS, btrfs_loop, need_root_btrfs, stream_ids
 
 from sendstream import Command, encode_command, encode_stream_header
+from sendstream.errors import LimitExceeded
 from sendstream.extract import (
     ApplyError,
     BadCommand,
@@ -96,8 +98,9 @@ def data_map(fd: int, size: int) -> list[tuple[int, int]]:
 def tree_state(root: Path) -> tuple[dict[bytes, dict[str, Any]], list[list[bytes]]]:
     """Every entry below ``root`` (itself as ``b""``) and the hard-link groups.
 
-    Each entry is stat'ed before it is read, and files and directories are
-    read with O_NOATIME, so reading does not change the atimes compared.
+    Each entry is stat'ed before it is read, files and directories are read
+    with O_NOATIME, and a symlink's atime, which readlink moves, is put back,
+    so reading does not change the atimes compared.
     """
     entries: dict[bytes, dict[str, Any]] = {}
     inodes: dict[tuple[int, int], list[bytes]] = {}
@@ -123,6 +126,9 @@ def tree_state(root: Path) -> tuple[dict[bytes, dict[str, Any]], list[list[bytes
         }
         if stat.S_ISLNK(st.st_mode):
             entry["target"] = os.readlink(full)
+            if os.lstat(full).st_atime_ns != st.st_atime_ns:  # readlink moved it: put it back
+                with contextlib.suppress(OSError):  # (a read-only subvolume keeps it)
+                    os.utime(full, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
         elif stat.S_ISREG(st.st_mode):
             fd = os.open(full, os.O_RDONLY | os.O_NOATIME)
             try:
@@ -1050,3 +1056,525 @@ def test_the_comparison_sees_each_attribute(tmp_path: Path) -> None:
         "hard links",
     ):
         assert needle in found, found
+
+
+# --- limits: deep trees, clone copies, skips, hostile values ----------------------
+
+
+def deep(depth: int, name: bytes = b"a") -> bytes:
+    return b"/".join([name] * depth)
+
+
+def read_deep(root: Path, path: bytes) -> bytes:
+    """The content of the file ``path`` below ``root``, opened component by component
+    (the full path is longer than the kernel resolves at once, PATH_MAX)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    parts = path.split(b"/")
+    try:
+        for part in parts[:-1]:
+            fd, old = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), fd
+            os.close(old)
+        with open(os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd), "rb") as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def few_fds(limit: int = 400) -> Iterator[None]:
+    """At most ``limit`` open files (the fd cache keeps 256; one fd per level of a deep
+    tree would be 2,000)."""
+    import resource
+
+    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limits[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Iterator[Path]:
+    """A directory for deep trees, removed by `rm -rf` (shutil.rmtree recurses): in
+    /dev/shm where there is one, as removing 2,000 nested directories takes seconds
+    on a disk mounted with discard."""
+    import tempfile
+
+    where = Path(tempfile.mkdtemp(dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else tmp_path))
+    try:
+        yield where
+    finally:
+        subprocess.run(["rm", "-rf", "--", str(where)], check=True)
+
+
+@pytest.mark.parametrize("depth", [1000, 2000])
+def test_deep_directory_chain(scratch: Path, depth: int) -> None:
+    """A legal chain of directories 1,000 and 2,000 deep (paths under 4096 bytes):
+    resolved without recursion, with a bounded number of fds, and what a rename
+    moves is no longer reached by its old path."""
+    up = 100  # within the fds cached, so the rename leaves the last deep directory used as it is
+    commands = [subvol()]
+    commands += [mkdir(deep(i), 400 + i) for i in range(1, depth + 1)]
+    commands += [mkfile(deep(depth) + b"/f", 300), write(deep(depth) + b"/f", b"deep\n")]
+    moved = b"b/" + deep(depth - 1)  # a -> b: everything below is reached through b now
+    commands += [rename(b"a", b"b"), mkfile(moved + b"/g", 301), write(moved + b"/g", b"moved\n")]
+    # move the chain below depth 100 up to c: the last directory used is in it
+    commands += [rename(b"b/" + deep(up - 1), b"c")]
+    data, offsets = stream_of(*commands, mkfile(moved + b"/h", 302))
+    with few_fds():
+        with pytest.raises(ApplyError) as caught:
+            extract(io.BytesIO(data), scratch)
+        assert (caught.value.offset, caught.value.index, caught.value.command) == (offsets[-1], len(commands), "mkfile")
+        assert "No such file or directory" in str(caught.value)
+        lower = b"c/" + deep(depth - up)
+        assert read_deep(scratch, lower + b"/f") == b"deep\n"
+        assert read_deep(scratch, lower + b"/g") == b"moved\n"
+        assert sorted(os.listdir(scratch)) == ["b", "c"]
+        data, _ = stream_of(*commands, mkfile(lower + b"/h", 302), build("end"))
+        dest = scratch / "again"
+        dest.mkdir()
+        report = extract(io.BytesIO(data), dest)
+        assert report.applied == len(commands) + 2
+        assert read_deep(dest, lower + b"/h") == b""
+
+
+def cannot_reflink(where: Path) -> bool:
+    """True when the file system of ``where`` refuses FICLONERANGE (clones are copied)."""
+    import fcntl
+    import struct
+
+    from sendstream.extract import FICLONERANGE
+
+    a, b = where / ".reflink-probe-a", where / ".reflink-probe-b"
+    a.write_bytes(b"r" * BLOCK)
+    b.write_bytes(b"")
+    try:
+        with a.open("rb") as src, b.open("r+b") as dst:
+            fcntl.ioctl(dst.fileno(), FICLONERANGE, struct.pack("<qQQQ", src.fileno(), 0, BLOCK, 0))
+    except OSError:
+        return True
+    finally:
+        a.unlink()
+        b.unlink()
+    return False
+
+
+@pytest.fixture
+def copy_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory where clones are copies: tmp_path, else one in /dev/shm (tmpfs)."""
+    if cannot_reflink(tmp_path):
+        yield tmp_path
+        return
+    import tempfile
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not cannot_reflink(shm):
+        pytest.skip("no directory here where the file system cannot reflink")
+    where = Path(tempfile.mkdtemp(dir=shm))
+    try:
+        yield where
+    finally:
+        shutil.rmtree(where)
+
+
+CHUNK = 64 << 10
+
+
+def doubling(clones: int) -> tuple[bytes, list[int]]:
+    """One 64 KiB WRITE, then CLONEs that each copy the whole file after itself."""
+    commands = [subvol(), mkfile(b"f"), write(b"f", bytes(range(256)) * (CHUNK // 256))]
+    for k in range(clones):
+        size = CHUNK << k
+        commands.append(
+            build(
+                "clone",
+                ("file_offset", size),
+                ("clone_len", size),
+                ("path", b"f"),
+                ("clone_uuid", UUID_SELF),
+                ("clone_ctransid", 1),
+                ("clone_path", b"f"),
+                ("clone_offset", 0),
+            )
+        )
+    return stream_of(*commands, build("end"))
+
+
+def test_clone_copies_are_bounded(copy_dir: Path) -> None:
+    """Without reflinks, 40 self-doubling CLONEs would ask for 64 KiB x 2**40: the copy
+    budget stops the first clone that does not fit, before it writes anything."""
+    from sendstream.errors import EXIT_LIMIT
+
+    pattern = bytes(range(256)) * (CHUNK // 256)
+    limit = 1 << 20  # the clones of 64, 128, 256 and 512 KiB fit (960 KiB); the 5th does not
+    data, offsets = doubling(40)
+    dest = copy_dir / "dest"
+    dest.mkdir()
+    with pytest.raises(LimitExceeded) as caught:
+        extract(io.BytesIO(data), dest, max_clone_copy=limit)
+    exc = caught.value
+    assert (exc.offset, exc.index, exc.command, exc.limit) == (offsets[7], 7, "clone", limit)
+    text = str(exc)
+    assert text.startswith(f"offset {offsets[7]}, command #7 (clone): limit reached: ") and "--max-clone-copy" in text
+    assert "would copy 1048576 bytes" in text and "983040 bytes already" in text, text
+    assert (dest / "f").read_bytes() == pattern * 16  # nothing of the refused clone
+
+    stream = copy_dir / "doubling.stream"
+    stream.write_bytes(data)
+    shutil.rmtree(dest)
+    dest.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "sendstream", "extract", "--max-clone-copy", str(limit), str(stream), str(dest)],
+        capture_output=True,
+    )
+    assert result.returncode == EXIT_LIMIT
+    assert result.stderr == f"sendstream: error: {text}\n".encode()
+    assert (dest / "f").read_bytes() == pattern * 16
+
+    data, _ = doubling(4)  # the same clones under the limit: all copied
+    shutil.rmtree(dest)
+    dest.mkdir()
+    report = extract(io.BytesIO(data), dest, max_clone_copy=limit)
+    assert (dest / "f").read_bytes() == pattern * 16
+    assert (report.copied_bytes, report.data_bytes) == (15 * CHUNK, 16 * CHUNK)
+
+
+def test_clone_copy_budget_counts_data_not_holes(copy_dir: Path) -> None:
+    """A sparse source costs only its data; a reflinked clone would cost nothing."""
+    commands = [
+        subvol(),
+        mkfile(b"sparse", 257),
+        write(b"sparse", b"d" * BLOCK, 1 << 30),
+        mkfile(b"copy", 258),
+        clone(b"copy", b"sparse", length=(1 << 30) + BLOCK),
+        build("end"),
+    ]
+    data, _ = stream_of(*commands)
+    report = extract(io.BytesIO(data), copy_dir, max_clone_copy=BLOCK)
+    assert report.copied_bytes == BLOCK
+    assert (copy_dir / "copy").stat().st_size == (1 << 30) + BLOCK
+
+
+@contextlib.contextmanager
+def small_fs(where: Path, kind: str, size: str) -> Iterator[Path]:
+    """A small file system of ``kind`` (tmpfs, or ext4 in an image file) mounted at
+    ``where``, unmounted afterwards; skips the test when it cannot be made."""
+    if os.geteuid() != 0:
+        pytest.skip(f"mounting a small {kind} needs root")
+    where.mkdir()
+    if kind == "tmpfs":
+        command = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)]
+    else:
+        image = where.parent / f"{where.name}.img"
+        subprocess.run(["truncate", "-s", size, str(image)], check=True)
+        made = subprocess.run([f"mkfs.{kind}", "-q", "-F", str(image)], capture_output=True)
+        if made.returncode != 0:
+            pytest.skip(f"cannot make a {kind}: {made.stderr.decode(errors='replace')}")
+        command = ["mount", "-o", "loop", str(image), str(where)]
+    mounted = subprocess.run(command, capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a {kind}: {mounted.stderr.decode(errors='replace')}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
+
+
+def test_clone_copy_must_fit_in_the_free_space(tmp_path: Path) -> None:
+    """On a 1.5 MiB tmpfs, the doubling clones stop at the first that does not fit,
+    with an error naming the sizes, before it writes anything."""
+    with small_fs(tmp_path / "small", "tmpfs", "1536k") as small:
+        data, offsets = doubling(40)
+        with pytest.raises(ApplyError) as caught:
+            extract(io.BytesIO(data), small)
+        exc = caught.value
+        assert (exc.offset, exc.index, exc.command, exc.errno) == (offsets[7], 7, "clone", errno.ENOSPC)
+        assert "would copy 1048576 bytes of data" in str(exc) and "does not fit in the free space" in str(exc)
+        assert (small / "f").stat().st_size == 16 * CHUNK
+
+
+def test_fallocate_must_fit_in_the_free_space(tmp_path: Path) -> None:
+    """ext4 keeps the blocks it allocated before ENOSPC: one FALLOCATE larger than the
+    free space would leave the file system full. It is refused before."""
+    with small_fs(tmp_path / "small", "ext4", "32M") as fs:
+        small = fs / "dest"  # not the root, which holds lost+found
+        small.mkdir()
+        free = os.statvfs(small).f_bfree * os.statvfs(small).f_frsize
+        allocate = build("fallocate", ("path", b"f"), ("fallocate_mode", 0), ("file_offset", 0), ("size", 64 << 20))
+        data, offsets = stream_of(subvol(), mkfile(b"f"), allocate, build("end"))
+        with pytest.raises(ApplyError) as caught:
+            extract(io.BytesIO(data), small)
+        exc = caught.value
+        assert (exc.offset, exc.index, exc.command, exc.errno) == (offsets[2], 2, "fallocate", errno.ENOSPC)
+        assert f"fallocate of {64 << 20} bytes does not fit in the free space" in str(exc)
+        assert os.statvfs(small).f_bfree * os.statvfs(small).f_frsize > free - (1 << 20)
+        assert (small / "f").stat().st_blocks == 0
+        # what fits is allocated (KEEP_SIZE: the size stays)
+        keep = build("fallocate", ("path", b"f"), ("fallocate_mode", 1), ("file_offset", 0), ("size", 1 << 20))
+        data, _ = stream_of(subvol(b"again"), mkfile(b"f"), keep, build("end"))
+        extract(io.BytesIO(data), small, per_subvolume=True)
+        st = (small / "again" / "f").stat()
+        assert (st.st_size, st.st_blocks * 512) == (0, 1 << 20)
+
+
+def test_many_clone_sources_keep_few_fds(tmp_path: Path) -> None:
+    """CLONEs from 20 clone sources, each file 10 directories deep: the sources kept
+    open (with the directory fds each caches) are bounded, so 150 open files do."""
+    clones = tmp_path / "clones"
+    inner = "/".join(f"d{i}" for i in range(10))
+    sources = [uuid.UUID(int=0x1000 + n) for n in range(20)]
+    for n, source in enumerate(sources):
+        (clones / str(source) / inner).mkdir(parents=True)
+        (clones / str(source) / inner / "f").write_bytes(b"source %02d\n" % n)
+    commands = [subvol()]
+    for n, source in enumerate(sources * 2):
+        target = b"t%02d" % n
+        commands += [mkfile(target, 300 + n), clone(target, inner.encode() + b"/f", source, length=10)]
+    data, _ = stream_of(*commands, build("end"))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with few_fds(150):
+        extract(io.BytesIO(data), dest, clone_dirs=[clones])
+    for n in range(40):
+        assert (dest / f"t{n:02d}").read_bytes() == b"source %02d\n" % (n % 20)
+
+
+def test_skips_are_counted_and_a_few_kept(tmp_path: Path) -> None:
+    """200,000 CRC-valid unknown commands and 100 kinds of FILEATTR: the report keeps the
+    first few skips of each kind (at most SKIP_GROUPS_MAX kinds, then one group of the
+    others), counts every one, and the CLI says so in one line per group."""
+    from sendstream.extract import SKIP_GROUPS_MAX, SKIPS_KEPT
+
+    unknown = 200_000
+    kinds = 100
+    fileattrs = [build("fileattr", ("path", b"f"), ("fileattr", n)) for n in range(kinds)]
+    head, _ = stream_of(subvol(), mkfile(b"f"))
+    zero = encode_command(Command(0, []), 2)  # "command 0": 10 bytes, CRC-valid
+    tail, _ = stream_of(*fileattrs, build("end"))
+    data = head + zero * unknown + tail[17:]
+    seen = []
+    report = extract(io.BytesIO(data), tmp_path, on_skip=seen.append)
+    assert len(seen) == report.skip_count == unknown + kinds
+    groups = report.skip_groups()
+    assert [g.count for g in groups] == [unknown] + [1] * (SKIP_GROUPS_MAX - 1) + [kinds - SKIP_GROUPS_MAX + 1]
+    assert [g.other for g in groups] == [False] * SKIP_GROUPS_MAX + [True]
+    assert len(report.skipped) == SKIPS_KEPT + (SKIP_GROUPS_MAX - 1) + SKIPS_KEPT
+    first = groups[0].kept[0]
+    assert (first.offset, first.index, first.command) == (len(head), 2, "unknown(0)")
+    last, other = groups[-2:]  # fileattr 0x3e is the 64th kind, the first of the others 0x3f
+    assert [g.kept[0].reason for g in (last, other)] == [
+        f"fileattr 0x{n:x}: ignored, as btrfs receive 6.2 does" for n in (62, 63)
+    ]
+    (stream,) = report.statistics.streams
+    assert stream.commands["unknown"].count == unknown and len(stream.commands) == 5
+
+    path = tmp_path.parent / f"{tmp_path.name}.stream"
+    path.write_bytes(data)
+    dest = tmp_path.parent / f"{tmp_path.name}-cli"
+    dest.mkdir()
+    result = subprocess.run([sys.executable, "-m", "sendstream", "extract", str(path), str(dest)], capture_output=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stderr.decode().splitlines()
+    skips = [line for line in lines if line.startswith("sendstream: warning: skipped: ")]
+    assert len(skips) == SKIP_GROUPS_MAX + 1
+    assert skips[0] == (
+        f"sendstream: warning: skipped: offset {len(head)}, command #2 (unknown(0)), path '': unknown command "
+        f"number 0: ignored, as btrfs receive does (and {unknown - 1} more like it)"
+    )
+    assert skips[1].endswith("path 'f': fileattr 0x0: ignored, as btrfs receive 6.2 does")
+    assert skips[-1].endswith(
+        f"fileattr 0x3f: ignored, as btrfs receive 6.2 does (and {kinds - SKIP_GROUPS_MAX} more of other kinds)"
+    )
+    summary = f"{kinds + 3} commands applied, 0 bytes of file data written or cloned, {unknown + kinds} skipped"
+    assert lines[-1].endswith(summary)
+
+
+def concatenated(version: int, out: Path) -> Path:
+    """rich-full then rich-incr (its incremental) in one file, as `btrfs send -p` writes them."""
+    out.write_bytes(b"".join((FIXTURES / f"rich-{k}-v{version}.stream").read_bytes() for k in ("full", "incr")))
+    return out
+
+
+def rich_parent_uuid() -> uuid.UUID:
+    return first(FIXTURES / "rich-incr-v2.stream", "snapshot").get("clone_uuid")  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_full_and_incremental_in_one_file(tmp_path: Path, version: int) -> None:
+    """--per-subvolume: the incremental becomes DIR/rich_incr, made from a copy of
+    DIR/rich_base extracted just before, which stays as it was; the same trees as the
+    full stream extracted into one directory and the incremental applied onto it."""
+    both = concatenated(version, tmp_path / "both.stream")
+    into = tmp_path / "per-subvolume"
+    into.mkdir()
+    with both.open("rb") as f:
+        report = extract(f, into, per_subvolume=True)
+    assert [(s.kind, s.path, s.directory) for s in report.subvolumes] == [
+        ("subvol", b"rich_base", str(into / "rich_base")),
+        ("snapshot", b"rich_incr", str(into / "rich_incr")),
+    ]
+    assert report.subvolumes[1].parent_uuid == report.subvolumes[0].uuid == rich_parent_uuid()
+    in_place, parent = tmp_path / "in-place", tmp_path / "parent"
+    for where, kinds in ((in_place, ("full", "incr")), (parent, ("full",))):
+        where.mkdir()
+        for kind in kinds:
+            with (FIXTURES / f"rich-{kind}-v{version}.stream").open("rb") as f:
+                extract(f, where)
+    assert differences(in_place, into / "rich_incr") == []
+    assert differences(parent, into / "rich_base") == []  # the parent is untouched
+    assert differences(parent, in_place) != []  # (the incremental does change things)
+    if cannot_reflink(tmp_path):
+        assert report.copied_bytes > 0
+
+
+def test_copy_of_the_parent_counts_against_the_copy_budget(copy_dir: Path) -> None:
+    both = concatenated(2, copy_dir / "both.stream")
+    with both.open("rb") as f:
+        snapshot_at = next(c for c in file_events(f) if isinstance(c, Command) and c.name == "snapshot")
+        offset, index = snapshot_at.offset, snapshot_at.index
+    alone = copy_dir / "full"
+    alone.mkdir()
+    with (FIXTURES / "rich-full-v2.stream").open("rb") as f:
+        clones = extract(f, alone).copied_bytes  # what the full stream's own CLONEs copy
+    into = copy_dir / "dest"
+    into.mkdir()
+    with both.open("rb") as f, pytest.raises(LimitExceeded) as caught:
+        extract(f, into, per_subvolume=True, max_clone_copy=clones + 1000)
+    assert (caught.value.offset, caught.value.index, caught.value.command) == (offset, index, "snapshot")
+    assert f"the copy of the parent {rich_parent_uuid()}" in str(caught.value)
+    assert os.listdir(into) == ["rich_base"]  # nothing of the snapshot
+
+
+def test_incremental_whose_parent_is_missing(tmp_path: Path) -> None:
+    """Without its parent, the SNAPSHOT of --per-subvolume names the parent's UUID and how
+    to give it (exit 2, no traceback); given with --clone-from, it is copied, untouched."""
+    parent_uuid = rich_parent_uuid()
+    incr = FIXTURES / "rich-incr-v2.stream"
+    into = tmp_path / "dest"
+    into.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "sendstream", "extract", "--per-subvolume", str(incr), str(into)], capture_output=True
+    )
+    assert result.returncode == 2
+    message = result.stderr.decode()
+    assert message.startswith("sendstream: error: offset 17, command #0 (snapshot), path 'rich_incr': ")
+    assert f"the parent {parent_uuid} of the incremental stream of 'rich_incr'" in message
+    assert f"--clone-from {parent_uuid}=DIR" in message and message.count("\n") == 1
+    assert os.listdir(into) == []
+
+    parent, in_place = tmp_path / "clones" / str(parent_uuid), tmp_path / "in-place"
+    for where, streams in ((parent, ("full",)), (in_place, ("full", "incr"))):
+        where.mkdir(parents=True)
+        for kind in streams:
+            with (FIXTURES / f"rich-{kind}-v2.stream").open("rb") as f:
+                extract(f, where)
+    before = tree_state(parent)
+    for option in (f"{parent_uuid}={parent}", str(tmp_path / "clones")):
+        shutil.rmtree(into)
+        into.mkdir()
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sendstream",
+                "extract",
+                "-q",
+                "--per-subvolume",
+                "--clone-from",
+                option,
+                incr,
+                into,
+            ],
+            capture_output=True,
+        )
+        assert result.returncode == 0, result.stderr
+        assert differences(in_place, into / "rich_incr") == [], option
+        assert tree_state(parent) == before
+
+
+def test_snapshots_and_clones_read_the_untouched_parent(tmp_path: Path) -> None:
+    """Two incrementals of one parent in one input: each starts from the parent as it
+    was, and a CLONE from the parent reads it, not the changed copy."""
+    parent_id, first_id, second_id = (uuid.UUID(int=n) for n in (1, 2, 3))
+
+    def snapshot(name: bytes, own: uuid.UUID) -> Command:
+        return build(
+            "snapshot", ("path", name), ("uuid", own), ("ctransid", 2), ("clone_uuid", parent_id), ("clone_ctransid", 1)
+        )
+
+    full, _ = stream_of(
+        build("subvol", ("path", b"base"), ("uuid", parent_id), ("ctransid", 1)),
+        mkfile(b"f"),
+        write(b"f", b"original"),
+        build("end"),
+    )
+    first_incr, _ = stream_of(
+        snapshot(b"one", first_id),
+        write(b"f", b"CHANGED!"),
+        mkfile(b"g"),
+        clone(b"g", b"f", parent_id, length=8),
+        build("end"),
+    )
+    second_incr, _ = stream_of(snapshot(b"two", second_id), mkfile(b"h"), build("end"))
+    report = extract(io.BytesIO(full + first_incr + second_incr), tmp_path, per_subvolume=True)
+    assert [s.directory for s in report.subvolumes] == [str(tmp_path / n) for n in ("base", "one", "two")]
+    assert (tmp_path / "base" / "f").read_bytes() == b"original"
+    assert os.listdir(tmp_path / "base") == ["f"]
+    assert (tmp_path / "one" / "f").read_bytes() == b"CHANGED!"
+    assert (tmp_path / "one" / "g").read_bytes() == b"original"
+    assert (tmp_path / "two" / "f").read_bytes() == b"original"
+    assert sorted(os.listdir(tmp_path / "two")) == ["f", "h"]
+
+
+def test_deep_parent_is_copied(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy of a parent 2,000 directories deep: no recursion, few fds, and a walk
+    back up that does not reopen the whole chain for each directory."""
+    depth = 2000
+    chain = [mkdir(deep(i), 400 + i) for i in range(1, depth + 1)]
+    full, _ = stream_of(subvol(b"base"), *chain, mkfile(deep(depth) + b"/f"), write(deep(depth) + b"/f"), build("end"))
+    snapshot = build(
+        "snapshot",
+        ("path", b"next"),
+        ("uuid", UUID_OTHER),
+        ("ctransid", 2),
+        ("clone_uuid", UUID_SELF),
+        ("clone_ctransid", 1),
+    )
+    incr, _ = stream_of(snapshot, mkfile(deep(depth) + b"/g", 301), build("end"))
+    opened = 0
+    real_open = os.open
+
+    def counted(*args: Any, **kwargs: Any) -> int:
+        nonlocal opened
+        opened += 1
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counted)
+    with few_fds():
+        extract(io.BytesIO(full + incr), scratch, per_subvolume=True)
+    monkeypatch.undo()
+    assert read_deep(scratch / "next", deep(depth) + b"/f") == b"pwned\n"
+    assert read_deep(scratch / "next", deep(depth) + b"/g") == b""
+    with pytest.raises(FileNotFoundError):
+        read_deep(scratch / "base", deep(depth) + b"/g")
+    # reopening the chain from the top for each directory would be about depth**2 = 4 million
+    assert opened < 100 * depth, opened
+
+
+@pytest.mark.btrfs
+def test_full_and_incremental_in_one_file_against_btrfs_receive(fs: Path, tmp_path: Path) -> None:
+    """On btrfs the parent is reflinked, and both trees are those of `btrfs receive`."""
+    both = concatenated(2, tmp_path / "both.stream")
+    ours = fs / "per-subvolume"
+    ours.mkdir()
+    try:
+        with receive_dir(fs, "both") as where:
+            sh("btrfs", "receive", "-q", "-f", both, where)
+            with both.open("rb") as f:
+                report = extract(f, ours, per_subvolume=True)
+            for name in ("rich_base", "rich_incr"):
+                assert differences(where / name, ours / name) == []
+        assert report.copied_bytes == 0
+    finally:
+        shutil.rmtree(ours)
