@@ -69,30 +69,32 @@ from typing import Any
 from . import errors as e
 from .command import Command
 from .decoder import NEED_DATA, Decoder, StreamHeader
+from .messages import (
+    MAGIC,
+    MAX_LINE,
+    STATUS_PREFIX,
+    VERSION,
+    SessionError,
+    parse_ack,
+    parse_answer,
+    parse_hello,
+    parse_status,
+    printable,
+)
 from .resume import ResumeError
 from .tls import Channel, HandshakeError, TlsError, TruncationError
 
-MAGIC = b"sendstream-session"
-VERSION = 1
 PREFIX_SIZE = 64 << 10
 WINDOW_SIZE = 64 << 20
 ACK_BYTES = 4 << 20
 ACK_SECONDS = 0.5
 KEEPALIVE_SECONDS = 5.0
-MAX_LINE = 64 << 10
 MAX_FRAME = 16 << 20
 PIECE_SIZE = 64 << 10  # the sender holds and waits for acknowledgements in pieces of this size
 MAX_BACKOFF = 30.0
-STATUS_PREFIX = b"sendstream-status "
 RAW_MAGIC = b"btrfs-stream\0"
 _FRAME = struct.Struct(">cI")
 _END = struct.Struct(">cQ")
-
-
-class SessionError(e.SendStreamError):
-    """The peer broke the session protocol, or the session cannot continue."""
-
-    exit_code = e.EXIT_IO
 
 
 class Dropped(Exception):
@@ -244,12 +246,6 @@ def _forget_error(channel: Channel) -> None:
         channel._rx_error = None  # type: ignore[attr-defined]
 
 
-def parse_status(line: bytes) -> tuple[int, str]:
-    text = line[len(STATUS_PREFIX) :].decode("utf-8", "replace").rstrip("\n")
-    code, _, message = text.partition(" ")
-    return (int(code) if code.isdigit() else e.EXIT_CORRUPT), message
-
-
 # --- the sender -----------------------------------------------------------------------------------------------------
 
 
@@ -296,7 +292,9 @@ class SessionSender:
         self.reconnects = 0
         self.resent = 0  # bytes sent more than once
         self._sessions = 0
+        self._attempted = False  # a connection was tried: abort() does not try another just to say why
         self._last: BaseException | None = None
+        self._broken: SessionError | None = None
         self.describe = ""
 
     # the stream side
@@ -381,7 +379,7 @@ class SessionSender:
     def abort(self, reason: str | None = None) -> None:
         """Give up: tell the receiver why (an ``X`` frame) when the connection still works,
         or on a connection of its own when the stream failed before the first one."""
-        if reason is not None and self._channel is None and not self._sessions and self.status is None:
+        if reason is not None and self._channel is None and not self._attempted and self.status is None:
             with contextlib.suppress(Exception):
                 self.identify()
                 self._channel = self._connect()
@@ -454,7 +452,10 @@ class SessionSender:
 
     def _reconnect(self, *, first: bool = False) -> None:
         failures = 0
+        self._attempted = True
         self._drop()
+        if self._broken is not None:
+            raise self._broken
         while True:
             if failures:
                 if failures > self.retries:
@@ -485,11 +486,7 @@ class SessionSender:
             self.status = parse_status(line)
             self._dead = False
             return
-        head = MAGIC + b" %d " % VERSION
-        if not line.startswith(head):
-            raise SessionError(f"the receiver does not speak the session protocol (it said {line[:60]!r})")
-        reply = json.loads(line[len(head) :])
-        verified, resume = int(reply["verified"]), int(reply["resume"])
+        verified, resume = parse_answer(line)
         with self._cond:
             if resume > self.written and self._skip_to and not self._sessions:
                 # a receiver still running got further with the sender before us: catch up
@@ -539,17 +536,23 @@ class SessionSender:
             while True:
                 line = buf.readline()
                 if line.startswith(b"ack "):
+                    offset = parse_ack(line)
                     with self._cond:
-                        self._advance(int(line[4:]))
+                        if offset > self.written:
+                            raise SessionError(f"the receiver acknowledged {offset} bytes of the {self.written} sent")
+                        self._advance(offset)
                 elif line.startswith(STATUS_PREFIX):
+                    status = parse_status(line)
                     with self._cond:
-                        self.status = parse_status(line)
+                        self.status = status
                         self._cond.notify_all()
                     return
                 else:
-                    raise SessionError(f"unexpected line from the receiver: {line[:60]!r}")
-        except Exception:
+                    raise SessionError(f"unexpected line from the receiver: {printable(repr(line[:60]))}")
+        except Exception as exc:
             with self._cond:
+                if isinstance(exc, SessionError):
+                    self._broken = exc.with_traceback(None)  # no reconnect cures a receiver that breaks the protocol
                 self._dead = True
                 self._cond.notify_all()
 
@@ -624,14 +627,7 @@ class SessionReceiver:
         self._start_acker()
 
     def _hello(self, buf: ChannelBuffer) -> None:
-        line = buf.readline()
-        head = MAGIC + b" %d " % VERSION
-        if not line.startswith(MAGIC):
-            raise SessionError(f"the sender does not speak the session protocol (it sent {line[:40]!r})")
-        if not line.startswith(head):
-            raise SessionError(f"session protocol version {line[len(MAGIC) + 1 :].split(b' ')[0]!r} is not {VERSION}")
-        hello = json.loads(line[len(head) :])
-        identity = hello.get("stream")
+        identity = parse_hello(buf.readline())
         if self.identity is None:
             self.identity = identity
         elif identity != self.identity:
@@ -779,7 +775,7 @@ class SessionReceiver:
                 return 0
             if kind == b"X":
                 (length,) = struct.unpack(">I", self._buf.read_exact(4))
-                reason = self._buf.read_exact(min(length, 4096)).decode("utf-8", "replace")
+                reason = printable(self._buf.read_exact(min(length, 4096)).decode("utf-8", "replace"))
                 self._done = True
                 raise e.RemoteError(f"the sender gave up: {reason}", e.EXIT_CORRUPT)
             raise SessionError(f"unexpected frame type {kind!r}")
@@ -857,9 +853,7 @@ class SessionReceiver:
                     break
                 try:
                     buf = ChannelBuffer(channel)
-                    line = buf.readline()
-                    hello = json.loads(line[len(MAGIC) + 3 :])
-                    if hello.get("stream") != self.identity:
+                    if parse_hello(buf.readline()) != self.identity:
                         raise SessionError("another stream")
                     channel.send_all(status)
                     confirmed = self._confirmed(buf)

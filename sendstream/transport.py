@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from . import errors as e
 from .decoder import Framer
 from .files import file_events, is_regular
+from .messages import STATUS_PREFIX
 from .repair import Healer
 from .tls import Channel
 
 if TYPE_CHECKING:
     from .resume import Checkpoint, Journal
 
-STATUS_PREFIX = b"sendstream-status "
 CONNECT_TIMEOUT = 30.0
 
 
@@ -282,7 +282,7 @@ def read_status(channel: Channel) -> tuple[int, str]:
             got += mv[:n]
     if not got.startswith(STATUS_PREFIX):
         return 0, ""  # a peer that is not sendstream (stunnel into a file, openssl)
-    from .session import parse_status
+    from .messages import parse_status
 
     return parse_status(bytes(got).split(b"\n", 1)[0])
 
