@@ -1,10 +1,12 @@
-"""Moving streams over the network: addresses, the send and receive loops.
+"""Moving streams over the network: addresses, taking a sender, the send and receive loops.
 
 The bytes on the wire are the stream itself, inside TLS (or raw TCP when
 asked). The sender checks and heals every command before it leaves (the
 same :class:`~sendstream.repair.Healer` as ``repair``); the receiver checks
 every command again before it writes it downstream, and answers with one
-status line before it closes, which the sender reports.
+status line before it closes, which the sender reports. :func:`accept_sender`
+takes the first connection that shakes hands and says hello; the others are
+refused (:mod:`sendstream.listener`).
 """
 
 from __future__ import annotations
@@ -19,14 +21,17 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from . import errors as e
 from .decoder import Framer
 from .files import file_events, is_regular
+from .listener import MAX_PENDING
 from .messages import STATUS_PREFIX
 from .repair import Healer
 from .tls import Channel
 
 if TYPE_CHECKING:
     from .resume import Checkpoint, Journal
+    from .session import SessionReceiver
 
 CONNECT_TIMEOUT = 30.0
+BACKLOG = 16  # the accept loop takes connections at once: this only absorbs bursts
 
 
 def parse_address(text: str, *, listen: bool = False) -> tuple[str, int]:
@@ -56,12 +61,68 @@ def listen(host: str, port: int) -> socket.socket:
             if family == socket.AF_INET6 and host == "::":
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             sock.bind(address)
-            sock.listen(1)
+            sock.listen(BACKLOG)
             return sock
         except OSError as exc:
             sock.close()
             last = exc
     raise last or OSError(f"cannot listen on {host}:{port}")
+
+
+def accept_sender(
+    server: socket.socket,
+    handshake: Callable[[socket.socket, float], Channel],
+    *,
+    timeout: float,
+    idle_timeout: float | None,
+    warn: Callable[[str], object],
+    log: Callable[[str], object] | None = None,
+    reconnect_timeout: float | None = None,
+    resume: Checkpoint | None = None,
+    max_pending: int = MAX_PENDING,
+) -> SessionReceiver:
+    """The session of the first connection to ``server`` that shakes hands and says hello, or sends a raw stream.
+
+    ``handshake(sock, seconds)`` makes the channel of an accepted socket
+    (:func:`~sendstream.tls.accept_channel`). Connections are opened
+    concurrently by a :class:`~sendstream.listener.Listener`, each within
+    ``timeout`` seconds of its accept; every one that fails is refused and
+    named to ``warn``, and the wait goes on for ever. Once open, each read
+    of the transfer waits at most ``idle_timeout``. With
+    ``reconnect_timeout`` the sender may reconnect after a drop; with
+    ``resume`` only a session of that checkpoint's stream is taken, and it
+    starts at the checkpoint's offset.
+    """
+    from .listener import Listener
+    from .session import Opening, SessionReceiver, admit, open_connection
+
+    def open_one(sock: socket.socket, deadline: float) -> Opening:
+        return open_connection(sock, handshake, deadline, timeout=timeout, idle_timeout=idle_timeout)
+
+    listener = Listener(server, open_one, Opening.close, timeout=timeout, log=warn, max_pending=max_pending)
+    expected = resume.stream if resume else None
+    try:
+        while True:
+            opening = listener.first((lambda o: admit(o, expected)) if expected is not None else None)
+            try:
+                session = SessionReceiver(
+                    opening,
+                    listener=listener if reconnect_timeout is not None else None,
+                    reconnect_timeout=reconnect_timeout or 0.0,
+                    log=log,
+                    start=resume.offset if resume else 0,
+                    identity=expected,
+                )
+            except Exception as exc:  # the answer to its hello could not be sent: that connection is gone
+                opening.close()
+                warn(f"the connection that opened first failed: {exc}")
+                continue
+            if reconnect_timeout is None:
+                listener.close()
+            return session
+    except BaseException:
+        listener.close()
+        raise
 
 
 def connect(host: str, port: int, timeout: float = CONNECT_TIMEOUT) -> socket.socket:
