@@ -405,6 +405,7 @@ def _accepted(
     raised. ``log`` hears which TLS path each direction took, and every
     reconnect.
     """
+    from .session import failure_status
     from .tls import accept_channel
     from .transport import accept_sender, listen, parse_address
 
@@ -428,9 +429,9 @@ def _accepted(
         log(session.channel.describe())
         try:
             yield session
-        except e.SendStreamError as exc:
-            with contextlib.suppress(OSError, e.SendStreamError):
-                session.answer(exc.exit_code, str(exc))
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                session.answer(*failure_status(exc))
             raise
         finally:
             session.close()
@@ -557,6 +558,12 @@ def _quiet_progress(label: str, quiet: bool) -> Progress:
     metavar="TOKEN",
     help="Continue a transfer after a restart, from the receiver's token (implies --resumable).",
 )
+@click.option(
+    "--no-status",
+    is_flag=True,
+    help="The receiver is not sendstream (stunnel, socat, openssl): count the stream as delivered once it is "
+    "sent and closed, without the receiver's status.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary.")
 @click.option("-v", "--verbose", is_flag=True, help="Say which TLS path each direction uses, and every reconnect.")
 def send(
@@ -570,6 +577,7 @@ def send(
     timeout: float,
     resumable: bool,
     token: str | None,
+    no_status: bool,
     quiet: bool,
     verbose: bool,
 ) -> None:
@@ -587,6 +595,8 @@ def send(
     """
     from .transport import send_resumable, send_stream
 
+    if no_status and (resumable or token):
+        raise e.UsageError("--no-status is for a receiver that is not sendstream; a session needs sendstream")
     key = _psk(mode, key_file, identity)
     checkpoint = None
     if token is not None:
@@ -600,7 +610,7 @@ def send(
         progress = _quiet_progress("sent", quiet)
         if not resumable and checkpoint is None:
             with connect_once() as channel:
-                summary = send_stream(source, channel, progress)
+                summary = send_stream(source, channel, progress, expect_status=not no_status)
         else:
             summary = send_resumable(
                 source, connect_once, progress, retries=retries, retry_delay=retry_delay, log=log, resume=checkpoint
@@ -687,12 +697,24 @@ def receive(
             assert output and key
             summary = _receive_into_journal(session, output, key, checkpoint, progress)
         else:
-            with atomic_output(output or "-") as out:
+            with _naming(output or "-"), atomic_output(output or "-") as out:
                 session.flush = out.flush
                 summary = receive_resumable(session, out.write, progress)
         session.answer(0, "ok", linger=min(reconnect_timeout, 60.0))
     if not quiet:
         click.echo(f"sendstream: {summary.line('received')}", err=True)
+
+
+@contextlib.contextmanager
+def _naming(path: str) -> Iterator[None]:
+    """Name ``path`` in an OSError that names no file: while receiving, the network's errors are the
+    session's own, so such an error is the output's (ENOSPC, EIO, EFBIG on a write or a flush)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None and exc.errno is not None:
+            exc.filename = "standard output" if path == "-" else path
+        raise
 
 
 def _receive_into_journal(
@@ -707,8 +729,9 @@ def _receive_into_journal(
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     journal = Journal(output, key, checkpoint)
     try:
-        summary = receive_resumable(session, journal.write, progress, journal)
-        journal.finish()
+        with _naming(journal.part):
+            summary = receive_resumable(session, journal.write, progress, journal)
+            journal.finish()
     except BaseException:
         journal.close()
         if journal.token is not None:

@@ -662,6 +662,15 @@ def tell(channel: Channel, code: int, message: str, seconds: float = 1.0) -> Non
         channel.send_all(status_line(code, message))
 
 
+def failure_status(exc: BaseException) -> tuple[int, str]:
+    """What a receiver answers when ``exc`` stopped it: the exit code the CLI gives it, and its text."""
+    if isinstance(exc, e.SendStreamError):
+        return exc.exit_code, str(exc)
+    if isinstance(exc, OSError):
+        return e.EXIT_IO, str(exc)
+    return e.EXIT_CORRUPT, f"{type(exc).__name__}: {exc}"
+
+
 def admit(opening: Opening, identity: dict[str, Any]) -> None:
     """Refuse an opening that is not of stream ``identity``: tell its sender why, raise :class:`SessionError`."""
     if opening.identity == identity:
@@ -898,12 +907,19 @@ class SessionReceiver:
     # the end
 
     def answer(self, code: int, message: str, *, linger: float = 0.0) -> None:
-        """Send the status; on success wait for the sender's confirmation (or its return)."""
+        """Send the status; on success wait for the sender's confirmation (or its return).
+
+        After a failure the sender's bytes still in flight are read and
+        dropped (for at most :data:`DRAIN_SECONDS`): closing with them unread
+        would reset the connection, and the status could be lost with it.
+        """
         status = status_line(code, message)
         if self.raw:
             try:
                 self.channel.send_all(status)
             finally:
+                if code:
+                    _drain(self.channel)
                 self._quiet_close(self.channel)
             return
         self._halt_acker()
@@ -973,3 +989,14 @@ class SessionReceiver:
             self._listener.close()
         self._halt_acker()
         _close(self.channel)
+
+
+def _drain(channel: Channel, seconds: float = DRAIN_SECONDS) -> None:
+    """End our direction, then read and drop what the peer still sends until it closes, for at most ``seconds``."""
+    with contextlib.suppress(Exception):
+        channel.shutdown_write()
+        deadline = time.monotonic() + seconds
+        channel.set_deadline(deadline)
+        scratch = bytearray(64 << 10)
+        while channel.recv_into(scratch) and time.monotonic() < deadline:
+            pass

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import socket
 import subprocess
@@ -353,3 +354,80 @@ def test_a_malformed_answer_or_status_fails_the_sender_cleanly(session: bool, re
         )
     assert sent.returncode == 4 and says in sent.stderr, sent.stderr
     assert b"Traceback" not in sent.stderr
+
+
+@pytest.mark.parametrize("no_status", [False, True], ids=["sendstream", "no-status"])
+@pytest.mark.parametrize("mode", ["none", "tls13-aes128-gcm"])
+def test_no_status_is_no_success(mode: str, no_status: bool, key: Path) -> None:
+    """A receiver that takes the whole stream and closes without a status: the sender fails (exit 4),
+    unless told the receiver is not sendstream (--no-status)."""
+    skip_unavailable(mode)
+    server = socket.create_server(("127.0.0.1", 0))
+    got = bytearray()
+
+    def serve() -> None:
+        sock, _ = server.accept()
+        sock.settimeout(20)
+        channel = tls.accept_channel(sock, mode, tls.load_key(key) if mode != "none" else None)
+        buf = bytearray(65536)
+        while n := channel.recv_into(buf):
+            got.extend(buf[:n])
+        channel.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    extra = ["--no-status"] if no_status else []
+    with server:
+        sent = subprocess.run(
+            [*CMD, "send", "--to", f"127.0.0.1:{server.getsockname()[1]}", str(SAMPLE), *tls_args(mode, key), *extra],
+            capture_output=True,
+            timeout=60,
+        )
+        thread.join(30)
+    assert bytes(got) == DATA
+    if no_status:
+        assert sent.returncode == 0, sent.stderr
+    else:
+        assert sent.returncode == 4, sent.stderr
+        assert b"the receiver sent no status: the stream may not have been stored" in sent.stderr
+
+
+# --- a receiver that fails answers, and the sender reports its reason ---------------------------------------------
+
+
+@pytest.fixture
+def full_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs: the 280 KB sample does not fit."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.mark.parametrize(
+    ("mode", "session"), [("none", []), ("tls13-aes128-gcm", []), ("tls13-aes128-gcm", ["--resumable"])]
+)
+def test_a_receiver_on_a_full_file_system_fails_the_sender(
+    mode: str, session: list[str], key: Path, full_fs: Path
+) -> None:
+    """ENOSPC: the receiver answers exit 4 naming the file; the sender exits 4 with that reason."""
+    skip_unavailable(mode)
+    port, out = free_port(), full_fs / "backup.stream"
+    command = [*CMD, "receive", "--listen", f"127.0.0.1:{port}", "-o", str(out), *tls_args(mode, key)]
+    with listening(command, port) as proc:
+        sent = subprocess.run(
+            [*CMD, "send", "--to", f"127.0.0.1:{port}", str(SAMPLE), *tls_args(mode, key), *session],
+            capture_output=True,
+            timeout=60,
+        )
+        _, err = proc.communicate(timeout=60)
+    named = f"No space left on device: '{out}".encode()  # the output, or its .part
+    assert proc.returncode == 4 and named in err, err
+    assert sent.returncode == 4, sent.stderr
+    assert b"the receiver failed: " in sent.stderr and named in sent.stderr, sent.stderr
+    assert not out.exists()

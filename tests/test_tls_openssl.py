@@ -29,6 +29,7 @@ from test_tls import (
     our_client_to_openssl_s_server,
     our_pair,
     peer,
+    sendstream_send_to_openssl_s_server,
     sha,
     tcp_pair,
 )
@@ -127,6 +128,12 @@ def test_our_client_to_openssl_s_server(tmp_path: Path) -> None:
 def test_openssl_s_client_to_our_server(tmp_path: Path) -> None:
     psk = ["-psk_session", str(psk_session(tmp_path / "psk.pem", KEY))]
     openssl_s_client_to_our_server(MODE, psk, tmp_path)
+
+
+@pytest.mark.parametrize("no_status", [True, False], ids=["no-status", "expects-status"])
+def test_sendstream_send_to_openssl_s_server(no_status: bool, tmp_path: Path) -> None:
+    psk = ["-psk_session", str(psk_session(tmp_path / "psk.pem", KEY))]
+    sendstream_send_to_openssl_s_server(MODE, psk, no_status, tmp_path)
 
 
 def test_wrong_key() -> None:
