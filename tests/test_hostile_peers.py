@@ -124,10 +124,16 @@ class Peers:
         right = tmp_path / "right.key"
         right.write_bytes(self.key)
         right.chmod(0o600)
-        openssl = subprocess.run(
-            ["openssl", "s_client", "-connect", address], stdin=subprocess.DEVNULL, capture_output=True, timeout=30
-        )
-        assert openssl.returncode != 0
+        clients = [["openssl", "s_client", "-connect", address]]  # no key at all
+        if self.mode != "tls13-aes256-gcm":  # openssl's -psk binds to SHA-256, as these modes do
+            version = ["-tls1_3" if self.mode.startswith("tls13") else "-tls1_2"]
+            clients += [
+                ["openssl", "s_client", "-connect", address, "-psk", wrong.read_bytes().hex(), *version],
+                ["openssl", "s_client", "-connect", address, "-psk", self.key.hex(), "-psk_identity", "x", *version],
+            ]
+        for client in clients:
+            result = subprocess.run(client, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+            assert result.returncode != 0, result.stdout
         attempts = [
             ["--key", str(wrong)],
             ["--key", str(right), "--identity", "nobody"],
@@ -137,7 +143,7 @@ class Peers:
             args = [*CMD, "send", "--to", address, str(SAMPLE), "--tls", self.mode, "--retries", "0", *extra]
             result = subprocess.run(args, capture_output=True, timeout=30)
             assert result.returncode == 6, result.stderr
-        return 1 + len(attempts)
+        return len(clients) + len(attempts)
 
     def close(self) -> None:
         self._stop.set()
