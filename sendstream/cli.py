@@ -111,6 +111,39 @@ def _sender_options(f: Any) -> Any:
     )(f)
 
 
+IDLE_TIMEOUT = 600.0
+
+
+def _idle_timeout_option(f: Any) -> Any:
+    return click.option(
+        "--idle-timeout",
+        type=click.FloatRange(min=0),
+        default=IDLE_TIMEOUT,
+        show_default=True,
+        metavar="SECONDS",
+        help="Once a sender said hello, the longest wait for its next byte (0: for ever); "
+        "it covers `btrfs send -p` computing before it writes (see README).",
+    )(f)
+
+
+def _listen_timeout_options(default: float) -> Callable[[Any], Any]:
+    """--timeout (a new connection's handshake and hello) and --idle-timeout of a listening end."""
+
+    def decorate(f: Any) -> Any:
+        f = _idle_timeout_option(f)
+        return click.option(
+            "--timeout",
+            type=click.FloatRange(min=0.1),
+            default=default,
+            show_default=True,
+            metavar="SECONDS",
+            help="Longest a new connection may take for its TLS handshake and hello, all of it together; "
+            "a connection that does not make it is refused and the wait goes on.",
+        )(f)
+
+    return decorate
+
+
 def _reconnect_timeout_option(f: Any) -> Any:
     return click.option(
         "--reconnect-timeout",
@@ -177,6 +210,7 @@ def dump(stream: str, as_json: bool, strict: bool, max_command_size: int | None)
 @click.option("--scan", is_flag=True, help="Only list every stream header in STREAM, wherever it is.")
 @click.option("--from-socket", "address", metavar="HOST:PORT", help="Listen there and verify what one sender sends.")
 @_tls_options()
+@_listen_timeout_options(30.0)
 @click.option("-q", "--quiet", is_flag=True, help="No summary line.")
 @click.option("-v", "--verbose", is_flag=True, help="Say which verifier and CRC implementation ran.")
 @_max_size_option
@@ -188,6 +222,8 @@ def verify(
     mode: str,
     key_file: str | None,
     identity: str,
+    timeout: float,
+    idle_timeout: float,
     quiet: bool,
     verbose: bool,
     max_command_size: int | None,
@@ -205,7 +241,9 @@ def verify(
             click.echo(f"{len(headers)} stream header{'s' * (len(headers) != 1)}")
         return
     if address:
-        report = _verify_from_socket(address, mode, key_file, identity, keep_going, max_command_size, verbose)
+        report = _verify_from_socket(
+            address, mode, key_file, identity, timeout, idle_timeout, keep_going, max_command_size, verbose
+        )
     else:
         with open_input(stream) as source:
             report = verify_file(source, keep_going=keep_going, max_command_size=max_command_size)
@@ -342,11 +380,15 @@ def _verify_from_socket(
     mode: str,
     key_file: str | None,
     identity: str,
+    timeout: float,
+    idle_timeout: float,
     keep_going: bool,
     max_command_size: int | None,
     verbose: bool,
 ) -> Report:
-    with _accepted(address, mode, _psk(mode, key_file, identity), identity, _logger(verbose)) as session:
+    key = _psk(mode, key_file, identity)
+    accepted = _accepted(address, mode, key, identity, _logger(verbose), timeout=timeout, idle_timeout=idle_timeout)
+    with accepted as session:
         report = verify_file(session, keep_going=keep_going, max_command_size=max_command_size)  # type: ignore[arg-type]
         first = report.problems[0] if report.problems else None
         session.answer(report.exit_code, str(first) if first else "ok")
@@ -361,57 +403,48 @@ def _accepted(
     identity: str,
     log: Callable[[str], object],
     *,
+    timeout: float,
+    idle_timeout: float,
     reconnect_timeout: float | None = None,
-    timeout: float = 30.0,
     resume: Checkpoint | None = None,
+    leg: str = "",
 ) -> Iterator[SessionReceiver]:
-    """Listen, accept one sender, shake hands and open its session (or take a raw stream).
+    """Listen, and take the first sender that shakes hands and says hello (:func:`~sendstream.transport.accept_sender`).
 
-    With ``reconnect_timeout`` the sender may reconnect after a drop (and a
-    first connection cut before its session started is waited for again); on
-    an error the sender is told before raising. With ``resume`` the session
-    starts where that checkpoint of a stopped receiver stands. ``log`` hears
-    which TLS path each direction took, and every reconnect.
+    Every other connection is refused with a warning. With
+    ``reconnect_timeout`` the sender may reconnect after a drop; with
+    ``resume`` the session starts where that checkpoint of a stopped
+    receiver stands. Any error is answered to the sender before it is
+    raised. ``log`` hears which TLS path each direction took, and every
+    reconnect.
     """
-    from .session import SessionReceiver, transient
+    from .session import failure_status
     from .tls import accept_channel
-    from .transport import listen, parse_address
+    from .transport import accept_sender, listen, parse_address
 
     keys = (lambda name: key if name == identity else None) if key else None
     host, port = parse_address(address, listen=True)
 
-    def accept(sock: Any) -> Channel:
-        return accept_channel(sock, mode, keys, handshake_timeout=timeout)
+    def handshake(sock: Any, seconds: float) -> Channel:
+        return accept_channel(sock, mode, keys, handshake_timeout=seconds)
 
     with listen(host, port) as server:
-        while True:
-            sock, _ = server.accept()
-            try:
-                with contextlib.ExitStack() as guard:
-                    guard.callback(sock.close)
-                    channel = accept(sock)
-                    guard.callback(channel.close)
-                    session = SessionReceiver(
-                        channel,
-                        server=server if reconnect_timeout is not None else None,
-                        accept=accept,
-                        reconnect_timeout=reconnect_timeout or 0.0,
-                        log=log,
-                        start=resume.offset if resume else 0,
-                        identity=resume.stream if resume else None,
-                    )
-                    guard.pop_all()
-                break
-            except Exception as exc:
-                if reconnect_timeout is None or not transient(exc):
-                    raise
-                log(f"a first connection failed before its session started: {exc}")
-        log(channel.describe())
+        session = accept_sender(
+            server,
+            handshake,
+            timeout=timeout,
+            idle_timeout=idle_timeout or None,
+            warn=_warner(leg),
+            log=log,
+            reconnect_timeout=reconnect_timeout,
+            resume=resume,
+        )
+        log(session.channel.describe())
         try:
             yield session
-        except e.SendStreamError as exc:
-            with contextlib.suppress(OSError, e.SendStreamError):
-                session.answer(exc.exit_code, str(exc))
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                session.answer(*failure_status(exc))
             raise
         finally:
             session.close()
@@ -492,6 +525,15 @@ def _logger(verbose: bool, prefix: str = "") -> Callable[[str], object]:
     return log
 
 
+def _warner(prefix: str = "") -> Callable[[str], object]:
+    """Where warnings go: stderr always (a refused connection is a security event), after ``prefix``."""
+
+    def warn(text: str) -> None:
+        click.echo(f"sendstream: warning: {prefix}{text}", err=True)
+
+    return warn
+
+
 def _connector(
     target: str, mode: str, key: bytes | None, identity: str, timeout: float, log: Callable[[str], object]
 ) -> Callable[[], Channel]:
@@ -532,6 +574,12 @@ def _quiet_progress(label: str, quiet: bool) -> Progress:
     metavar="TOKEN",
     help="Continue a transfer after a restart, from the receiver's token (implies --resumable).",
 )
+@click.option(
+    "--no-status",
+    is_flag=True,
+    help="The receiver is not sendstream (stunnel, socat, openssl): count the stream as delivered once it is "
+    "sent and closed, without the receiver's status.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary.")
 @click.option("-v", "--verbose", is_flag=True, help="Say which TLS path each direction uses, and every reconnect.")
 def send(
@@ -545,6 +593,7 @@ def send(
     timeout: float,
     resumable: bool,
     token: str | None,
+    no_status: bool,
     quiet: bool,
     verbose: bool,
 ) -> None:
@@ -562,6 +611,8 @@ def send(
     """
     from .transport import send_resumable, send_stream
 
+    if no_status and (resumable or token):
+        raise e.UsageError("--no-status is for a receiver that is not sendstream; a session needs sendstream")
     key = _psk(mode, key_file, identity)
     checkpoint = None
     if token is not None:
@@ -575,7 +626,7 @@ def send(
         progress = _quiet_progress("sent", quiet)
         if not resumable and checkpoint is None:
             with connect_once() as channel:
-                summary = send_stream(source, channel, progress)
+                summary = send_stream(source, channel, progress, expect_status=not no_status)
         else:
             summary = send_resumable(
                 source, connect_once, progress, retries=retries, retry_delay=retry_delay, log=log, resume=checkpoint
@@ -590,14 +641,7 @@ def send(
 @click.option("--exec", "command", default=None, metavar="CMD", help="Write the stream to the stdin of CMD.")
 @_tls_options()
 @_reconnect_timeout_option
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0.1),
-    default=30.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Longest TLS handshake of a new connection.",
-)
+@_listen_timeout_options(30.0)
 @click.option(
     "--resume",
     is_flag=True,
@@ -614,6 +658,7 @@ def receive(
     identity: str,
     reconnect_timeout: float,
     timeout: float,
+    idle_timeout: float,
     resume: bool,
     quiet: bool,
     verbose: bool,
@@ -657,6 +702,7 @@ def receive(
         _logger(verbose),
         reconnect_timeout=reconnect_timeout,
         timeout=timeout,
+        idle_timeout=idle_timeout,
         resume=checkpoint,
     )
     with accepted as session:
@@ -667,14 +713,24 @@ def receive(
             assert output and key
             summary = _receive_into_journal(session, output, key, checkpoint, progress)
         else:
-            if checkpoint is not None:
-                raise e.UsageError("the sender sent a plain stream, which cannot resume: use send --resume")
-            with atomic_output(output or "-") as out:
+            with _naming(output or "-"), atomic_output(output or "-") as out:
                 session.flush = out.flush
                 summary = receive_resumable(session, out.write, progress)
         session.answer(0, "ok", linger=min(reconnect_timeout, 60.0))
     if not quiet:
         click.echo(f"sendstream: {summary.line('received')}", err=True)
+
+
+@contextlib.contextmanager
+def _naming(path: str) -> Iterator[None]:
+    """Name ``path`` in an OSError that names no file: while receiving, the network's errors are the
+    session's own, so such an error is the output's (ENOSPC, EIO, EFBIG on a write or a flush)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None and exc.errno is not None:
+            exc.filename = "standard output" if path == "-" else path
+        raise
 
 
 def _receive_into_journal(
@@ -689,8 +745,9 @@ def _receive_into_journal(
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     journal = Journal(output, key, checkpoint)
     try:
-        summary = receive_resumable(session, journal.write, progress, journal)
-        journal.finish()
+        with _naming(journal.part):
+            summary = receive_resumable(session, journal.write, progress, journal)
+            journal.finish()
     except BaseException:
         journal.close()
         if journal.token is not None:
@@ -740,6 +797,7 @@ def _receive_into_child(session: SessionReceiver, command: str, progress: Progre
 @_tls_options("to", " of the receiver's leg")
 @_sender_options
 @_reconnect_timeout_option
+@_idle_timeout_option
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary.")
 @click.option("-v", "--verbose", is_flag=True, help="Say which TLS path each leg uses, and every reconnect.")
 def relay(
@@ -756,6 +814,7 @@ def relay(
     timeout: float,
     resumable: bool,
     reconnect_timeout: float,
+    idle_timeout: float,
     quiet: bool,
     verbose: bool,
 ) -> None:
@@ -766,7 +825,7 @@ def relay(
     mode, rotate keys. The sender's leg takes what `receive` takes (a
     `send --resumable` reconnects into the relay after a drop); the other
     leg sends as `send` does (--resumable, --retries, --retry-delay,
-    --timeout, which also bounds the sender's handshake). The sender hears
+    --timeout, which also bounds the sender's handshake and hello). The sender hears
     success only once the receiver reported it, and the receiver's failure
     otherwise.
     """
@@ -784,6 +843,8 @@ def relay(
         _logger(verbose, "upstream: "),
         reconnect_timeout=reconnect_timeout,
         timeout=timeout,
+        idle_timeout=idle_timeout,
+        leg="upstream: ",
     )
     with accepted as session:
         summary = relay_stream(

@@ -6,7 +6,7 @@ or a raw stream). Every command is checked, and a restarted stream healed,
 on the batch path of ``receive`` (:func:`~sendstream.transport.receive_resumable`)
 before it is handed downstream: nothing unverified leaves. The downstream
 leg sends as ``sendstream send`` does: the plain stream through one channel
-(:class:`PlainSender`), or a :class:`~sendstream.session.SessionSender` that
+(:class:`~sendstream.transport.PlainSender`), or a :class:`~sendstream.session.SessionSender` that
 reconnects. Each leg has its own channel, so its own TLS mode and key.
 
 :func:`relay_stream` returns only once the downstream receiver reported
@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from . import errors as e
-from .session import WINDOW_SIZE, SessionReceiver, SessionSender, _close
+from .session import WINDOW_SIZE, SessionReceiver, SessionSender
 from .tls import Channel
-from .transport import Progress, Summary, read_status, receive_resumable
+from .transport import PlainSender, Progress, Summary, receive_resumable
 
 
 class DownstreamFailed(e.RemoteError):
@@ -34,7 +34,7 @@ class DownstreamFailed(e.RemoteError):
 
 
 class Downstream(Protocol):
-    """A sending leg: :class:`PlainSender` or a :class:`~sendstream.session.SessionSender`."""
+    """A sending leg: a :class:`~sendstream.transport.PlainSender` or a :class:`~sendstream.session.SessionSender`."""
 
     describe: str
     reconnects: int
@@ -45,30 +45,6 @@ class Downstream(Protocol):
     def finish(self) -> tuple[int, str]: ...
 
     def abort(self, reason: str | None = None) -> None: ...
-
-
-class PlainSender:
-    """The plain downstream leg: the stream through one channel as it is, then the receiver's status."""
-
-    reconnects = 0
-    resent = 0
-
-    def __init__(self, channel: Channel) -> None:
-        self._channel = channel
-        self.describe = channel.describe()
-
-    def write(self, data: Any) -> None:
-        self._channel.send_all(data)
-
-    def finish(self) -> tuple[int, str]:
-        """End the stream (TLS: close_notify) and wait for the receiver's status."""
-        with self._channel:
-            self._channel.shutdown_write()
-            return read_status(self._channel)
-
-    def abort(self, reason: str | None = None) -> None:
-        """Cut the connection without close_notify: the receiver sees a truncated stream (no room for ``reason``)."""
-        _close(self._channel)
 
 
 @contextlib.contextmanager

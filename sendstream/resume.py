@@ -24,6 +24,7 @@ import hmac
 import io
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -35,12 +36,15 @@ from typing import Any
 from . import errors as e
 from .files import OutputDirectory, OutputFile
 from .layout import COMMAND_HEADER_SIZE, STREAM_HEADER_SIZE
+from .messages import MAX_OFFSET, SessionError, check_identity, load_json
 
 TOKEN_PREFIX = "ssr1."
 STATE_SUFFIX = ".resume"
 PART_SUFFIX = ".part"
 CHECKPOINT_BYTES = 16 << 20  # durable at least this often: well inside the sender's 64 MiB window
 CHECKPOINT_SECONDS = 1.0
+_TOKEN_FIELDS = {"stream", "offset", "commands", "ledger"}
+_LEDGER = re.compile("[0-9a-f]{64}")
 _HEADER_MARK = 0xFFFFFFFF  # in the lengths digest: a stream header (no command is that long)
 _MAX_TOKEN = 8192
 
@@ -210,8 +214,23 @@ def read_token(token: str, key: bytes | None) -> Checkpoint:
         raise ResumeError("the resume token is damaged (not base64)") from None
     if not hmac.compare_digest(mac, _mac(key, payload)):
         raise ResumeError("the resume token was not made with this key (forged, altered, or another key)")
-    fields = json.loads(payload)
-    return Checkpoint(fields["stream"], int(fields["offset"]), int(fields["commands"]), str(fields["ledger"]))
+    try:
+        return _checkpoint(load_json(payload, "the resume token"))
+    except SessionError as exc:  # made with the key, yet malformed: a key holder's forgery, or a bug
+        raise ResumeError(f"the resume token is malformed: {exc}") from None
+
+
+def _checkpoint(fields: Any) -> Checkpoint:
+    """The fields of a token's payload, every one of its type."""
+    if not isinstance(fields, dict) or set(fields) != _TOKEN_FIELDS:
+        raise SessionError(f"it must be a JSON object of exactly {', '.join(sorted(_TOKEN_FIELDS))}")
+    offset, commands, ledger = fields["offset"], fields["commands"], fields["ledger"]
+    for name, value in (("offset", offset), ("commands", commands)):
+        if type(value) is not int or not 0 <= value <= MAX_OFFSET:
+            raise SessionError(f"{name} must be an integer from 0 to {MAX_OFFSET}")
+    if not isinstance(ledger, str) or not _LEDGER.fullmatch(ledger):
+        raise SessionError("ledger must be 64 lowercase hexadecimal digits (a SHA-256)")
+    return Checkpoint(check_identity(fields["stream"], "stream"), offset, commands, ledger)
 
 
 # --- the receiver's journal -----------------------------------------------------------------------------------------

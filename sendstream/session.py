@@ -38,7 +38,11 @@ receiver -> sender, lines
     again, for up to a minute.
 
 A receiver that reads ``btrfs-stream`` first takes a raw stream (an older
-sender, ``openssl s_client``, ``socat``): no session, no resume.
+sender, ``openssl s_client``, ``socat``): no session, no resume. A
+connection must finish its handshake and these first words (a hello of at
+most :data:`~sendstream.messages.MAX_LINE` bytes, or that header) within one
+deadline (:func:`open_connection`); every line is parsed with limits, and a
+malformed one raises :class:`SessionError` (:mod:`sendstream.messages`).
 
 Reconnect within one run: the sender keeps every byte after the last
 acknowledged offset in memory, up to :data:`WINDOW_SIZE` (64 MiB) plus one
@@ -47,52 +51,56 @@ window) and waits for acknowledgements before it takes more. On a drop it
 reconnects (``retries`` attempts per outage, ``retry_delay`` doubling up to
 30 s), sends the hello again, and resends from R. The receiver keeps its
 verifier, its output and its ``--exec`` child across connections, and a new
-connection from the same stream supersedes the current one (a stalled
-connection is dropped as soon as the sender reconnects).
+connection from the same stream supersedes the current one once it said
+its hello (a stalled connection is dropped as soon as the sender
+reconnects); one of another stream is refused, and the current one goes on.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
-import queue
 import socket
 import struct
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from . import errors as e
 from .command import Command
 from .decoder import NEED_DATA, Decoder, StreamHeader
+from .listener import Listener
+from .messages import (
+    MAGIC,
+    MAX_LINE,
+    STATUS_PREFIX,
+    VERSION,
+    SessionError,
+    parse_ack,
+    parse_answer,
+    parse_hello,
+    parse_status,
+    printable,
+)
 from .resume import ResumeError
 from .tls import Channel, HandshakeError, TlsError, TruncationError
 
-MAGIC = b"sendstream-session"
-VERSION = 1
 PREFIX_SIZE = 64 << 10
 WINDOW_SIZE = 64 << 20
 ACK_BYTES = 4 << 20
 ACK_SECONDS = 0.5
 KEEPALIVE_SECONDS = 5.0
-MAX_LINE = 64 << 10
 MAX_FRAME = 16 << 20
 PIECE_SIZE = 64 << 10  # the sender holds and waits for acknowledgements in pieces of this size
 MAX_BACKOFF = 30.0
-STATUS_PREFIX = b"sendstream-status "
+BUFFER_SIZE = 256 << 10
 RAW_MAGIC = b"btrfs-stream\0"
 _FRAME = struct.Struct(">cI")
 _END = struct.Struct(">cQ")
-
-
-class SessionError(e.SendStreamError):
-    """The peer broke the session protocol, or the session cannot continue."""
-
-    exit_code = e.EXIT_IO
 
 
 class Dropped(Exception):
@@ -160,7 +168,7 @@ def _json_line(head: bytes, obj: Any) -> bytes:
 class ChannelBuffer:
     """Buffered reads from a channel: exact reads, lines, and large reads straight into the caller's buffer."""
 
-    def __init__(self, channel: Channel, size: int = 256 << 10) -> None:
+    def __init__(self, channel: Channel, size: int = BUFFER_SIZE) -> None:
         self.channel = channel
         self._buf = bytearray(size)
         self._view = memoryview(self._buf)
@@ -171,7 +179,21 @@ class ChannelBuffer:
     def buffered(self) -> int:
         return self._end - self._pos
 
-    def _fill(self) -> None:
+    def grow(self, size: int) -> None:
+        """Hold up to ``size`` bytes from now on, keeping what is buffered."""
+        if size > len(self._buf):
+            kept = self._buf[self._pos : self._end]
+            self._buf = bytearray(size)
+            self._buf[: len(kept)] = kept
+            self._view = memoryview(self._buf)
+            self._pos, self._end = 0, len(kept)
+
+    def head(self, n: int) -> bytes:
+        """Up to ``n`` of the bytes buffered, without taking them."""
+        return bytes(self._buf[self._pos : self._pos + min(n, self.buffered)])
+
+    def fill(self) -> None:
+        """Receive what comes next into the buffer (at least one byte); EOFError at the end of the channel."""
         if self._pos == self._end:
             self._pos = self._end = 0
         elif self._end == len(self._buf):
@@ -185,7 +207,7 @@ class ChannelBuffer:
 
     def peek(self, n: int) -> bytes:
         while self.buffered < n:
-            self._fill()
+            self.fill()
         return bytes(self._buf[self._pos : self._pos + n])
 
     def read_exact(self, n: int) -> bytes:
@@ -194,15 +216,19 @@ class ChannelBuffer:
         return data
 
     def readline(self, limit: int = MAX_LINE) -> bytes:
+        """One line, ``\\n`` included, of at most ``limit`` bytes (and less than the buffer holds)."""
+        limit = min(limit, len(self._buf) - 1)
+        searched = 0  # bytes after _pos known to hold no newline: a line that trickles in is scanned once
         while True:
-            i = self._buf.find(b"\n", self._pos, self._end)
+            i = self._buf.find(b"\n", self._pos + searched, self._end)
             if i >= 0:
                 line = bytes(self._buf[self._pos : i + 1])
                 self._pos = i + 1
                 return line
-            if self.buffered >= limit:
+            searched = self.buffered
+            if searched >= limit:
                 raise SessionError(f"a line of the session protocol is longer than {limit} bytes")
-            self._fill()
+            self.fill()
 
     def readinto(self, view: memoryview) -> int:
         """Up to ``len(view)`` bytes; 0 at a clean end of the channel."""
@@ -242,12 +268,6 @@ def _forget_error(channel: Channel) -> None:
     if error is not None:
         error.__traceback__ = None
         channel._rx_error = None  # type: ignore[attr-defined]
-
-
-def parse_status(line: bytes) -> tuple[int, str]:
-    text = line[len(STATUS_PREFIX) :].decode("utf-8", "replace").rstrip("\n")
-    code, _, message = text.partition(" ")
-    return (int(code) if code.isdigit() else e.EXIT_CORRUPT), message
 
 
 # --- the sender -----------------------------------------------------------------------------------------------------
@@ -296,7 +316,9 @@ class SessionSender:
         self.reconnects = 0
         self.resent = 0  # bytes sent more than once
         self._sessions = 0
+        self._attempted = False  # a connection was tried: abort() does not try another just to say why
         self._last: BaseException | None = None
+        self._broken: SessionError | None = None
         self.describe = ""
 
     # the stream side
@@ -381,7 +403,7 @@ class SessionSender:
     def abort(self, reason: str | None = None) -> None:
         """Give up: tell the receiver why (an ``X`` frame) when the connection still works,
         or on a connection of its own when the stream failed before the first one."""
-        if reason is not None and self._channel is None and not self._sessions and self.status is None:
+        if reason is not None and self._channel is None and not self._attempted and self.status is None:
             with contextlib.suppress(Exception):
                 self.identify()
                 self._channel = self._connect()
@@ -454,7 +476,10 @@ class SessionSender:
 
     def _reconnect(self, *, first: bool = False) -> None:
         failures = 0
+        self._attempted = True
         self._drop()
+        if self._broken is not None:
+            raise self._broken
         while True:
             if failures:
                 if failures > self.retries:
@@ -485,11 +510,7 @@ class SessionSender:
             self.status = parse_status(line)
             self._dead = False
             return
-        head = MAGIC + b" %d " % VERSION
-        if not line.startswith(head):
-            raise SessionError(f"the receiver does not speak the session protocol (it said {line[:60]!r})")
-        reply = json.loads(line[len(head) :])
-        verified, resume = int(reply["verified"]), int(reply["resume"])
+        verified, resume = parse_answer(line)
         with self._cond:
             if resume > self.written and self._skip_to and not self._sessions:
                 # a receiver still running got further with the sender before us: catch up
@@ -539,41 +560,147 @@ class SessionSender:
             while True:
                 line = buf.readline()
                 if line.startswith(b"ack "):
+                    offset = parse_ack(line)
                     with self._cond:
-                        self._advance(int(line[4:]))
+                        if offset > self.written:
+                            raise SessionError(f"the receiver acknowledged {offset} bytes of the {self.written} sent")
+                        self._advance(offset)
                 elif line.startswith(STATUS_PREFIX):
+                    status = parse_status(line)
                     with self._cond:
-                        self.status = parse_status(line)
+                        self.status = status
                         self._cond.notify_all()
                     return
                 else:
-                    raise SessionError(f"unexpected line from the receiver: {line[:60]!r}")
-        except Exception:
+                    raise SessionError(f"unexpected line from the receiver: {printable(repr(line[:60]))}")
+        except Exception as exc:
             with self._cond:
+                if isinstance(exc, SessionError):
+                    self._broken = exc.with_traceback(None)  # no reconnect cures a receiver that breaks the protocol
                 self._dead = True
                 self._cond.notify_all()
 
 
 # --- the receiver ---------------------------------------------------------------------------------------------------
 
+HELLO_BUFFER = MAX_LINE + (4 << 10)  # what a connection may make us hold before it said what it is
+DRAIN_SECONDS = 10.0
+_HELLO_START = MAGIC + b" "
+
+
+@dataclass
+class Opening:
+    """An accepted connection that said what it is: a session hello, or the start of a raw stream."""
+
+    channel: Channel
+    buffer: ChannelBuffer
+    identity: dict[str, Any] | None  # the hello's stream; None: a raw stream (``btrfs-stream`` came first)
+
+    def close(self) -> None:
+        _close(self.channel)
+
+
+def open_connection(
+    sock: socket.socket,
+    handshake: Callable[[socket.socket, float], Channel],
+    deadline: float,
+    *,
+    timeout: float,
+    idle_timeout: float | None,
+) -> Opening:
+    """Shake hands on accepted ``sock`` (``handshake(sock, seconds)``) and read the peer's first words, all
+    before ``deadline`` (``time.monotonic()``; ``timeout`` is how long that was, for messages).
+
+    The first words are a session hello (at most :data:`MAX_LINE` bytes,
+    parsed by :func:`~sendstream.messages.parse_hello`) or the header of a
+    raw stream. Anything else, a close or silence raises :class:`SessionError`
+    (a failed handshake its own error); a peer that spoke out of turn is told
+    why. Once open, each wait of the channel lasts at most ``idle_timeout``.
+    """
+    channel = handshake(sock, max(deadline - time.monotonic(), 0.001))
+    try:
+        channel.set_deadline(deadline)
+        buf = ChannelBuffer(channel, HELLO_BUFFER)
+        identity = _first_words(buf, timeout)
+    except BaseException as exc:
+        if isinstance(exc, SessionError):
+            tell(channel, exc.exit_code, f"refused: {exc}")
+        _close(channel)
+        raise
+    channel.set_deadline(None)
+    channel.settimeout(idle_timeout)
+    return Opening(channel, buf, identity)
+
+
+def _first_words(buf: ChannelBuffer, timeout: float) -> dict[str, Any] | None:
+    """The hello's stream identity, or None for a raw stream."""
+    try:
+        while True:
+            head = buf.head(len(_HELLO_START))
+            if head.startswith(RAW_MAGIC):
+                return None
+            if head == _HELLO_START:
+                return parse_hello(buf.readline())
+            if not (RAW_MAGIC.startswith(head) or _HELLO_START.startswith(head)):
+                raise SessionError(f"neither a session hello nor a btrfs stream: {printable(repr(head))}")
+            buf.fill()
+    except (EOFError, TruncationError):
+        raise SessionError("the connection ended before a session hello or a btrfs stream") from None
+    except TimeoutError:
+        raise SessionError(f"no session hello or btrfs stream within {timeout:g} s of connecting") from None
+
+
+def status_line(code: int, message: str) -> bytes:
+    """``sendstream-status CODE MESSAGE``, on one line whatever ``message`` holds."""
+    return STATUS_PREFIX + f"{code} {printable(message)}".encode() + b"\n"
+
+
+def tell(channel: Channel, code: int, message: str, seconds: float = 1.0) -> None:
+    """Send a status to a peer we are about to close on, if it takes it within ``seconds``."""
+    channel.set_deadline(time.monotonic() + seconds)
+    with contextlib.suppress(Exception):
+        channel.send_all(status_line(code, message))
+
+
+def failure_status(exc: BaseException) -> tuple[int, str]:
+    """What a receiver answers when ``exc`` stopped it: the exit code the CLI gives it, and its text."""
+    if isinstance(exc, e.SendStreamError):
+        return exc.exit_code, str(exc)
+    if isinstance(exc, OSError):
+        return e.EXIT_IO, str(exc)
+    return e.EXIT_CORRUPT, f"{type(exc).__name__}: {exc}"
+
+
+def admit(opening: Opening, identity: dict[str, Any]) -> None:
+    """Refuse an opening that is not of stream ``identity``: tell its sender why, raise :class:`SessionError`."""
+    if opening.identity == identity:
+        return
+    if opening.identity is None:
+        why = "a plain stream cannot join (or resume) a session: this receiver expects a session of its stream"
+    else:
+        why = f"a sender of another stream connected: {_describe(opening.identity)}, not {_describe(identity)}"
+    tell(opening.channel, e.EXIT_USAGE, f"refused: {why}")
+    raise SessionError(why)
+
 
 class SessionReceiver:
     """The stream bytes of one sender, as a ``readinto`` source, across reconnects.
 
-    ``accept(sock)`` shakes hands on an accepted socket. ``server`` is the
-    listening socket (None: no reconnect). Call :meth:`wrote` after every
-    write downstream. ``flush`` pushes what was written downstream; then
-    ``checkpoint(offset)`` may make it durable and returns the offset that
-    is (acknowledged as verified). A receiver resuming after a restart
+    ``opening`` is the sender's connection (:func:`open_connection`). With a
+    ``listener`` (on the same listening socket) the sender may reconnect:
+    each new connection of the same stream supersedes the current one; one
+    of another stream, or a raw stream, is refused. Call :meth:`wrote` after
+    every write downstream. ``flush`` pushes what was written downstream;
+    then ``checkpoint(offset)`` may make it durable and returns the offset
+    that is (acknowledged as verified). A receiver resuming after a restart
     starts at offset ``start`` of the stream ``identity``.
     """
 
     def __init__(
         self,
-        channel: Channel,
+        opening: Opening,
         *,
-        server: socket.socket | None = None,
-        accept: Callable[[socket.socket], Channel] | None = None,
+        listener: Listener[Opening] | None = None,
         flush: Callable[[], object] | None = None,
         checkpoint: Callable[[int], int] | None = None,
         reconnect_timeout: float = 300.0,
@@ -582,8 +709,7 @@ class SessionReceiver:
         start: int = 0,
         identity: dict[str, Any] | None = None,
     ) -> None:
-        self._server = server
-        self._accept = accept
+        self._listener = listener
         self.flush = flush or (lambda: None)
         self.checkpoint = checkpoint
         self.reconnect_timeout = reconnect_timeout
@@ -595,81 +721,38 @@ class SessionReceiver:
         self._committed = start
         self._acked = start
         self.identity = identity
-        self.raw = False
+        self.raw = opening.identity is None
         self.reconnects = 0
         self._frame_left = 0
         self._done = False
         self._failed: e.RemoteError | None = None
-        self._incoming: queue.Queue[Channel] = queue.Queue()
-        self._stop = threading.Event()
         self._send_lock = threading.Lock()
         self._ack_now = threading.Event()
         self._acker: threading.Thread | None = None
-        self._listener: threading.Thread | None = None
-        self._buf = ChannelBuffer(channel)
-        self.channel = channel
-        self._start()
-
-    # set-up
-
-    def _start(self) -> None:
-        first = self._buf.peek(len(RAW_MAGIC))
-        if first == RAW_MAGIC:
-            self.raw = True
+        self.channel = opening.channel
+        self._buf = opening.buffer
+        self._buf.grow(BUFFER_SIZE)
+        if self.raw:
+            if identity is not None:
+                admit(opening, identity)
             return
-        self._hello(self._buf)
-        if self._server is not None and self._accept is not None:
-            self._listener = threading.Thread(target=self._listen, daemon=True)
-            self._listener.start()
+        if identity is not None:
+            admit(opening, identity)
+        self.identity = opening.identity
+        self._answer_hello(opening.channel)
+        if self._listener is not None:
+            self._listener.serve(self._arrived)
         self._start_acker()
 
-    def _hello(self, buf: ChannelBuffer) -> None:
-        line = buf.readline()
-        head = MAGIC + b" %d " % VERSION
-        if not line.startswith(MAGIC):
-            raise SessionError(f"the sender does not speak the session protocol (it sent {line[:40]!r})")
-        if not line.startswith(head):
-            raise SessionError(f"session protocol version {line[len(MAGIC) + 1 :].split(b' ')[0]!r} is not {VERSION}")
-        hello = json.loads(line[len(head) :])
-        identity = hello.get("stream")
-        if self.identity is None:
-            self.identity = identity
-        elif identity != self.identity:
-            raise SessionError("a sender of another stream connected: refused")
+    def _answer_hello(self, channel: Channel) -> None:
         self._frame_left = 0
-        buf.channel.send_all(_json_line(MAGIC + b" %d" % VERSION, {"verified": self.verified, "resume": self.received}))
+        channel.send_all(_json_line(MAGIC + b" %d" % VERSION, {"verified": self.verified, "resume": self.received}))
 
-    def _listen(self) -> None:
-        """Accept new connections while the transfer runs: each supersedes the current one."""
-        assert self._server is not None and self._accept is not None
-        self._server.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                sock, _ = self._server.accept()
-            except TimeoutError:
-                continue
-            except OSError as exc:
-                if exc.errno in (errno.EBADF, errno.EINVAL) or self._stop.is_set():
-                    return
-                time.sleep(0.05)  # ECONNABORTED (a connection reset in the backlog), EMFILE: go on
-                continue
-            threading.Thread(target=self._handshake, args=(sock,), daemon=True).start()
-
-    def _handshake(self, sock: socket.socket) -> None:
-        sock.settimeout(None)
-        assert self._accept is not None
-        try:
-            channel = self._accept(sock)
-        except Exception as exc:
-            self._log(f"session: a connection failed its handshake: {exc}")
-            with contextlib.suppress(OSError):
-                sock.close()
-            return
-        if self._stop.is_set():
-            _close(channel)
-            return
-        _kill(self.channel)  # the new connection supersedes the current one
-        self._incoming.put(channel)
+    def _arrived(self, opening: Opening) -> None:
+        """A new connection opened (in its own thread): refuse it, or let it supersede the current one."""
+        assert self.identity is not None
+        admit(opening, self.identity)
+        _kill(self.channel)
 
     # acknowledgements
 
@@ -730,7 +813,10 @@ class SessionReceiver:
             raise self._failed
         if self.raw:
             self.commit()
-            n = self._buf.readinto(view)
+            try:
+                n = self._buf.readinto(view)
+            except (OSError, EOFError) as exc:  # a reset, the idle timeout
+                raise e.TruncatedStream(f"the connection dropped: {exc}", offset=self.received) from exc
             self.received += n
             self.progress(n)
             return n
@@ -779,7 +865,7 @@ class SessionReceiver:
                 return 0
             if kind == b"X":
                 (length,) = struct.unpack(">I", self._buf.read_exact(4))
-                reason = self._buf.read_exact(min(length, 4096)).decode("utf-8", "replace")
+                reason = printable(self._buf.read_exact(min(length, 4096)).decode("utf-8", "replace"))
                 self._done = True
                 raise e.RemoteError(f"the sender gave up: {reason}", e.EXIT_CORRUPT)
             raise SessionError(f"unexpected frame type {kind!r}")
@@ -790,38 +876,29 @@ class SessionReceiver:
         return n
 
     def _dropped(self, exc: BaseException) -> None:
-        if self._server is None or self._accept is None:
+        if self._listener is None:
             if isinstance(exc, SessionError):
                 raise exc
             raise e.TruncatedStream(f"the connection dropped: {exc}", offset=self.received) from exc
         self._log(f"session: connection lost at {self.received} bytes ({exc}); waiting for the sender")
         self._halt_acker()
         _close(self.channel)
+        self.commit()  # what is written is verified: the answer to the sender's return says so
         deadline = time.monotonic() + self.reconnect_timeout
         while True:
-            left = deadline - time.monotonic()
-            try:
-                channel = self._incoming.get(timeout=max(left, 0.001))
-            except queue.Empty:
+            opening = self._listener.next(deadline - time.monotonic())
+            if opening is None:
                 raise e.TruncatedStream(
                     f"the connection dropped and the sender did not come back within {self.reconnect_timeout:g} s",
                     offset=self.received,
                 ) from exc
-            self.channel = channel
-            self._buf = ChannelBuffer(channel)
+            self.channel, self._buf = opening.channel, opening.buffer
+            self._buf.grow(BUFFER_SIZE)
             try:
-                self.commit()
-                self._hello(self._buf)
-            except SessionError as bad:
-                if "another stream" in str(bad):
-                    with contextlib.suppress(Exception):
-                        channel.send_all(STATUS_PREFIX + f"{e.EXIT_USAGE} {bad}".encode() + b"\n")
-                self._log(f"session: {bad}")
-                _close(channel)
-                continue
+                self._answer_hello(self.channel)
             except Exception as bad:
                 self._log(f"session: a new connection failed: {bad}")
-                _close(channel)
+                _close(self.channel)
                 continue
             self.reconnects += 1
             self._start_acker()
@@ -830,12 +907,19 @@ class SessionReceiver:
     # the end
 
     def answer(self, code: int, message: str, *, linger: float = 0.0) -> None:
-        """Send the status; on success wait for the sender's confirmation (or its return)."""
-        status = STATUS_PREFIX + f"{code} {message}".encode() + b"\n"
+        """Send the status; on success wait for the sender's confirmation (or its return).
+
+        After a failure the sender's bytes still in flight are read and
+        dropped (for at most :data:`DRAIN_SECONDS`): closing with them unread
+        would reset the connection, and the status could be lost with it.
+        """
+        status = status_line(code, message)
         if self.raw:
             try:
                 self.channel.send_all(status)
             finally:
+                if code:
+                    _drain(self.channel)
                 self._quiet_close(self.channel)
             return
         self._halt_acker()
@@ -850,24 +934,19 @@ class SessionReceiver:
                 confirmed = False
             _close(self.channel) if not confirmed else self._quiet_close(self.channel)
             deadline = time.monotonic() + linger
-            while not confirmed and self._server is not None and time.monotonic() < deadline:
-                try:
-                    channel = self._incoming.get(timeout=max(deadline - time.monotonic(), 0.001))
-                except queue.Empty:
+            while not confirmed and self._listener is not None and time.monotonic() < deadline:
+                opening = self._listener.next(deadline - time.monotonic())
+                if opening is None:
                     break
                 try:
-                    buf = ChannelBuffer(channel)
-                    line = buf.readline()
-                    hello = json.loads(line[len(MAGIC) + 3 :])
-                    if hello.get("stream") != self.identity:
-                        raise SessionError("another stream")
-                    channel.send_all(status)
-                    confirmed = self._confirmed(buf)
+                    opening.channel.send_all(status)
+                    confirmed = self._confirmed(opening.buffer)
                 except Exception:
                     pass
-                _close(channel) if not confirmed else self._quiet_close(channel)
+                _close(opening.channel) if not confirmed else self._quiet_close(opening.channel)
         finally:
-            self._stop.set()
+            if self._listener is not None:
+                self._listener.close()
 
     def _quiet_close(self, channel: Channel) -> None:
         with contextlib.suppress(Exception):
@@ -882,11 +961,11 @@ class SessionReceiver:
         with them unread would reset the connection, and the status could be
         lost with it.
         """
-        buf.channel._timeout = 10.0
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + DRAIN_SECONDS
+        buf.channel.set_deadline(deadline)
         scratch = memoryview(bytearray(64 << 10))
         try:
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline:  # a peer that never stops sending never makes us wait
                 while frame_left:
                     n = buf.readinto(scratch[: min(frame_left, len(scratch))])
                     if not n:
@@ -906,11 +985,18 @@ class SessionReceiver:
         return False
 
     def close(self) -> None:
-        self._stop.set()
+        if self._listener is not None:
+            self._listener.close()
         self._halt_acker()
         _close(self.channel)
-        while True:
-            try:
-                _close(self._incoming.get_nowait())
-            except queue.Empty:
-                break
+
+
+def _drain(channel: Channel, seconds: float = DRAIN_SECONDS) -> None:
+    """End our direction, then read and drop what the peer still sends until it closes, for at most ``seconds``."""
+    with contextlib.suppress(Exception):
+        channel.shutdown_write()
+        deadline = time.monotonic() + seconds
+        channel.set_deadline(deadline)
+        scratch = bytearray(64 << 10)
+        while channel.recv_into(scratch) and time.monotonic() < deadline:
+            pass

@@ -18,8 +18,9 @@ key update, no renegotiation); once RX is, it only sends, which never reads.
 
 The channel owns the socket from the call on: it puts it in non-blocking
 mode and waits with ``poll``, so that the socket's timeout at the time of
-the call bounds every later wait (``None``: wait for ever), and closes it on
-:meth:`Channel.close` or when the handshake fails.
+the call bounds every later wait (``None``: wait for ever; :meth:`Channel.settimeout`
+changes it, :meth:`Channel.set_deadline` adds an absolute limit), and closes
+it on :meth:`Channel.close` or when the handshake fails.
 
 Facts this relies on (GnuTLS 3.7.9, OpenSSL 3.0, Linux 6.1; see ``TRANSPORT.md``):
 
@@ -43,6 +44,7 @@ from __future__ import annotations
 import abc
 import base64
 import binascii
+import contextlib
 import errno
 import hashlib
 import math
@@ -409,6 +411,7 @@ class Channel(abc.ABC):
         self._sock = sock
         self._fd = sock.fileno()
         self._timeout = sock.gettimeout()
+        self._deadline: float | None = None
         sock.setblocking(False)
         self.identity: str | None = None  # TLS: the PSK identity (the client's, on the server)
         self._tx_done = False
@@ -451,6 +454,19 @@ class Channel(abc.ABC):
         except BaseException:
             self._tx_failed = True
             raise
+
+    def settimeout(self, seconds: float | None) -> None:
+        """Bound every later wait to send or receive by ``seconds`` (``None``: wait for ever)."""
+        self._timeout = seconds
+
+    def set_deadline(self, deadline: float | None) -> None:
+        """Fail every wait that would end after ``deadline`` (``time.monotonic()``; ``None``: no deadline)."""
+        self._deadline = deadline
+
+    def interrupt(self) -> None:
+        """Make every thread blocked on the channel return with an error; the owner still closes it."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
 
     def shutdown_write(self) -> None:
         """End our direction, then half-close TCP. Receiving goes on.
@@ -520,11 +536,16 @@ class Channel(abc.ABC):
         return bool(poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000))))
 
     def _wait_io(self, events: int) -> None:
-        """Wait within the socket's timeout, as a socket operation would."""
-        if not self._wait(events, self._timeout):
-            raise TimeoutError(
-                f"timed out after {self._timeout} s waiting to {'send' if events & select.POLLOUT else 'receive'}"
-            )
+        """Wait within the timeout and before the deadline, as a socket operation would."""
+        timeout, what = self._timeout, "send" if events & select.POLLOUT else "receive"
+        if self._deadline is not None:
+            left = self._deadline - time.monotonic()
+            if timeout is None or left < timeout:
+                if left <= 0 or not self._wait(events, left):
+                    raise TimeoutError(f"the deadline passed while waiting to {what}")
+                return
+        if not self._wait(events, timeout):
+            raise TimeoutError(f"timed out after {timeout:g} s waiting to {what}")
 
     def _socket_send_all(self, view: memoryview) -> None:
         """Plain TCP, or records the kernel makes (kTLS TX)."""
@@ -654,7 +675,7 @@ class TlsChannel(Channel):
             raise self._timed_out(timeout)
 
     def _timed_out(self, timeout: float | None) -> HandshakeError:
-        return HandshakeError(f"TLS handshake timed out after {timeout:g} s ({self._hint(_NOT_TLS)})")
+        return HandshakeError(f"TLS handshake timed out after {timeout:.3g} s ({self._hint(_NOT_TLS)})")
 
     def _hint(self, cause: str) -> str:
         if cause == _KEY:

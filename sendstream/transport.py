@@ -1,16 +1,21 @@
-"""Moving streams over the network: addresses, the send and receive loops.
+"""Moving streams over the network: addresses, taking a sender, the send and receive loops.
 
 The bytes on the wire are the stream itself, inside TLS (or raw TCP when
 asked). The sender checks and heals every command before it leaves (the
 same :class:`~sendstream.repair.Healer` as ``repair``); the receiver checks
 every command again before it writes it downstream, and answers with one
-status line before it closes, which the sender reports.
+status line before it closes, success or failure. A sender reports success
+only on that explicit success status (:class:`PlainSender` reads it while it
+sends). :func:`accept_sender` takes the first connection that shakes hands
+and says hello; the others are refused (:mod:`sendstream.listener`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,14 +24,18 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from . import errors as e
 from .decoder import Framer
 from .files import file_events, is_regular
+from .listener import MAX_PENDING
+from .messages import STATUS_PREFIX
 from .repair import Healer
 from .tls import Channel
 
 if TYPE_CHECKING:
     from .resume import Checkpoint, Journal
+    from .session import SessionReceiver
 
-STATUS_PREFIX = b"sendstream-status "
 CONNECT_TIMEOUT = 30.0
+BACKLOG = 16  # the accept loop takes connections at once: this only absorbs bursts
+MAX_STATUS = 4096
 
 
 def parse_address(text: str, *, listen: bool = False) -> tuple[str, int]:
@@ -56,12 +65,68 @@ def listen(host: str, port: int) -> socket.socket:
             if family == socket.AF_INET6 and host == "::":
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             sock.bind(address)
-            sock.listen(1)
+            sock.listen(BACKLOG)
             return sock
         except OSError as exc:
             sock.close()
             last = exc
     raise last or OSError(f"cannot listen on {host}:{port}")
+
+
+def accept_sender(
+    server: socket.socket,
+    handshake: Callable[[socket.socket, float], Channel],
+    *,
+    timeout: float,
+    idle_timeout: float | None,
+    warn: Callable[[str], object],
+    log: Callable[[str], object] | None = None,
+    reconnect_timeout: float | None = None,
+    resume: Checkpoint | None = None,
+    max_pending: int = MAX_PENDING,
+) -> SessionReceiver:
+    """The session of the first connection to ``server`` that shakes hands and says hello, or sends a raw stream.
+
+    ``handshake(sock, seconds)`` makes the channel of an accepted socket
+    (:func:`~sendstream.tls.accept_channel`). Connections are opened
+    concurrently by a :class:`~sendstream.listener.Listener`, each within
+    ``timeout`` seconds of its accept; every one that fails is refused and
+    named to ``warn``, and the wait goes on for ever. Once open, each read
+    of the transfer waits at most ``idle_timeout``. With
+    ``reconnect_timeout`` the sender may reconnect after a drop; with
+    ``resume`` only a session of that checkpoint's stream is taken, and it
+    starts at the checkpoint's offset.
+    """
+    from .listener import Listener
+    from .session import Opening, SessionReceiver, admit, open_connection
+
+    def open_one(sock: socket.socket, deadline: float) -> Opening:
+        return open_connection(sock, handshake, deadline, timeout=timeout, idle_timeout=idle_timeout)
+
+    listener = Listener(server, open_one, Opening.close, timeout=timeout, log=warn, max_pending=max_pending)
+    expected = resume.stream if resume else None
+    try:
+        while True:
+            opening = listener.first((lambda o: admit(o, expected)) if expected is not None else None)
+            try:
+                session = SessionReceiver(
+                    opening,
+                    listener=listener if reconnect_timeout is not None else None,
+                    reconnect_timeout=reconnect_timeout or 0.0,
+                    log=log,
+                    start=resume.offset if resume else 0,
+                    identity=expected,
+                )
+            except Exception as exc:  # the answer to its hello could not be sent: that connection is gone
+                opening.close()
+                warn(f"the connection that opened first failed: {exc}")
+                continue
+            if reconnect_timeout is None:
+                listener.close()
+            return session
+    except BaseException:
+        listener.close()
+        raise
 
 
 def connect(host: str, port: int, timeout: float = CONNECT_TIMEOUT) -> socket.socket:
@@ -141,11 +206,117 @@ class Summary:
         return text
 
 
-def send_stream(source: BinaryIO, channel: Channel, progress: Progress) -> Summary:
-    """Check, heal and send a whole stream; returns once the receiver answered."""
+class PlainSender:
+    """The plain stream through one channel, with the receiver's status read as it comes, in a thread.
+
+    The receiver answers with one status line, success or failure, before
+    it closes. A failure status that arrives while the stream is still being
+    sent stops the sending at once: a send blocked on the socket is
+    interrupted, and the failure is raised (as :class:`~sendstream.errors.RemoteError`)
+    by the write, or by :meth:`finish`. Success needs the receiver's explicit
+    success status; with ``expect_status=False`` (the peer is not sendstream:
+    stunnel, socat, openssl) the stream counts as delivered once it is sent
+    and closed.
+    """
+
+    reconnects = 0
+    resent = 0
+
+    def __init__(self, channel: Channel, *, expect_status: bool = True) -> None:
+        self._channel = channel
+        self.describe = channel.describe()
+        self._expect = expect_status
+        self.status: tuple[int, str] | None = None
+        self._error: BaseException | None = None  # why no status came
+        self._sent = threading.Event()  # our direction is closed: from now on waiting for the status is bounded
+        self._reader = threading.Thread(target=self._read_status, daemon=True)
+        self._reader.start()
+
+    def write(self, data: Any) -> None:
+        self._raise_failure()
+        try:
+            self._channel.send_all(data)
+        except Exception as exc:
+            self._failed(exc)
+            raise
+
+    def sendfile(self, fd: int, offset: int, count: int) -> int:
+        """As :meth:`~sendstream.tls.Channel.sendfile`."""
+        self._raise_failure()
+        try:
+            return self._channel.sendfile(fd, offset, count)
+        except Exception as exc:
+            self._failed(exc)
+            raise
+
+    def finish(self) -> tuple[int, str]:
+        """End the stream (TLS: close_notify), wait for the receiver's status and close: ``(code, message)``."""
+        self._raise_failure()
+        try:
+            self._channel.shutdown_write()
+        except Exception as exc:
+            self._failed(exc)
+            raise
+        self._sent.set()
+        self._reader.join()
+        with contextlib.suppress(Exception):
+            self._channel.close()
+        if self.status is not None:
+            return self.status
+        if not self._expect:
+            return 0, ""
+        why = f" ({self._error})" if self._error else ""
+        raise e.RemoteError(f"the receiver sent no status: the stream may not have been stored{why}", e.EXIT_IO)
+
+    def abort(self, reason: str | None = None) -> None:
+        """Cut the connection without close_notify: the receiver sees a truncated stream (no room for ``reason``)."""
+        self._channel.interrupt()
+        self._reader.join()
+        from .session import _close
+
+        _close(self._channel)
+
+    def _read_status(self) -> None:
+        """The receiver's status line (in the reader thread); a failure interrupts the sending."""
+        got = bytearray()
+        buf = bytearray(MAX_STATUS)
+        try:
+            while len(got) < MAX_STATUS and b"\n" not in got:
+                try:
+                    n = self._channel.recv_into(buf)
+                except TimeoutError:
+                    if self._sent.is_set():
+                        raise
+                    continue  # while we send, the receiver has nothing to say
+                if not n:
+                    break
+                got += buf[:n]
+            if got.startswith(STATUS_PREFIX) or (got and self._expect):
+                from .messages import parse_status
+
+                self.status = parse_status(bytes(got).split(b"\n", 1)[0])
+        except Exception as exc:
+            self._error = exc.with_traceback(None)
+        if self.status is not None and self.status[0]:
+            self._channel.interrupt()
+
+    def _raise_failure(self) -> None:
+        if self.status is not None and self.status[0]:
+            raise e.RemoteError(f"the receiver failed: {self.status[1]}", self.status[0])
+
+    def _failed(self, exc: Exception) -> None:
+        """A send failed: the receiver's status, when it sent one, says why better."""
+        self._reader.join(timeout=5.0)
+        if self.status is not None and self.status[0]:
+            raise e.RemoteError(f"the receiver failed: {self.status[1]}", self.status[0]) from exc
+
+
+def send_stream(source: BinaryIO, channel: Channel, progress: Progress, *, expect_status: bool = True) -> Summary:
+    """Check, heal and send a whole stream through a :class:`PlainSender`; returns once the receiver answered."""
+    sender = PlainSender(channel, expect_status=expect_status)
 
     def write(data: Any) -> None:
-        channel.send_all(data)
+        sender.write(data)
         progress.add(len(data))
 
     copy_range = None
@@ -155,7 +326,7 @@ def send_stream(source: BinaryIO, channel: Channel, progress: Progress) -> Summa
         def copy_range(offset: int, length: int) -> None:
             # zero-copy: the kernel reads the page cache and encrypts
             while length:
-                sent = channel.sendfile(fd, base + offset, length)
+                sent = sender.sendfile(fd, base + offset, length)
                 if not sent:
                     raise e.TruncatedStream("the input file shrank while being sent", offset=offset)
                 offset += sent
@@ -166,11 +337,10 @@ def send_stream(source: BinaryIO, channel: Channel, progress: Progress) -> Summa
     try:
         for event in file_events(source, Framer(), healer.batch):
             healer.event(event)
-        channel.shutdown_write()
-    except OSError:
-        _raise_status(channel)  # the receiver stopped reading: its status says why
+        code, message = sender.finish()
+    except BaseException:
+        sender.abort()
         raise
-    code, message = read_status(channel)
     progress.done()
     summary = Summary(healer.written, progress.seconds, channel.describe(), healer.restart_count, f"{code} {message}")
     if code:
@@ -270,33 +440,6 @@ def receive_resumable(
     )
 
 
-def read_status(channel: Channel) -> tuple[int, str]:
-    """The receiver's status line after the end of the stream: ``(code, message)``; ``(0, "")`` when it sends none."""
-    buf = bytearray(4096)
-    got = bytearray()
-    with memoryview(buf) as mv:
-        while len(got) < 4096 and b"\n" not in got:
-            n = channel.recv_into(mv)
-            if not n:
-                break
-            got += mv[:n]
-    if not got.startswith(STATUS_PREFIX):
-        return 0, ""  # a peer that is not sendstream (stunnel into a file, openssl)
-    from .session import parse_status
-
-    return parse_status(bytes(got).split(b"\n", 1)[0])
-
-
-def _raise_status(channel: Channel) -> None:
-    """Raise the failure a receiver reported before it closed on us, if it did."""
-    try:
-        code, message = read_status(channel)
-    except (OSError, e.SendStreamError):
-        return
-    if code:
-        raise e.RemoteError(f"the receiver failed: {message}", code)
-
-
 def receive_stream(channel: Channel, write: Callable[[Any], object], progress: Progress) -> Summary:
     """Receive a stream, check every command and write only checked ones."""
     healer = Healer(write)
@@ -305,11 +448,3 @@ def receive_stream(channel: Channel, write: Callable[[Any], object], progress: P
         healer.event(event)
     progress.done()
     return Summary(progress.bytes, progress.seconds, channel.describe(), healer.restart_count)
-
-
-def answer(channel: Channel, code: int, message: str) -> None:
-    """Tell the sender how it went, then close."""
-    try:
-        channel.send_all(STATUS_PREFIX + f"{code} {message}".encode() + b"\n")
-    finally:
-        channel.close()

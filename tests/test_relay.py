@@ -122,13 +122,17 @@ def test_each_leg_its_own_mode_and_key(upstream: str, downstream: str, key: Path
 
 
 def test_a_key_of_the_other_leg_is_refused(key: Path, other_key: Path) -> None:
-    """The sender's key is the upstream one only: with the downstream key it fails its handshake."""
+    """The sender's key is the upstream one only: with the downstream key it fails its handshake, and the
+    relay names it and waits on for the right sender."""
     relay = Relay(["-o", "-", "--key", str(other_key)], ["--listen-key", str(key), "--to-key", str(other_key)])
-    sent = sender("--to", f"127.0.0.1:{relay.port}", str(SAMPLE), "--key", str(other_key))
-    relay.receiver.kill()
-    code, relay_err, _, out, _ = relay.finish()
-    assert sent.returncode == 6 and code == 6, (sent.stderr, relay_err)
-    assert out == b""
+    wrong = sender("--to", f"127.0.0.1:{relay.port}", str(SAMPLE), "--key", str(other_key))
+    assert wrong.returncode == 6, wrong.stderr
+    assert relay.relay.poll() is None
+    right = sender("--to", f"127.0.0.1:{relay.port}", str(SAMPLE), "--key", str(key))
+    code, relay_err, recv_code, out, _ = relay.finish()
+    assert right.returncode == 0 and code == 0 and recv_code == 0, (right.stderr, relay_err)
+    assert b"warning: upstream: connection from 127.0.0.1:" in relay_err and b"wrong key or identity" in relay_err
+    assert out == DATA
 
 
 def test_a_password_is_asked_per_leg(tmp_path: Path) -> None:

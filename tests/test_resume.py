@@ -27,6 +27,7 @@ from conftest import FIXTURES
 from test_transport import CMD, free_port
 
 from sendstream.session import stream_identity
+from sendstream.tls import PlainChannel
 
 SAMPLE = FIXTURES / "rich-full-v2.stream"
 DATA = SAMPLE.read_bytes()
@@ -34,6 +35,11 @@ SHA = hashlib.sha256(DATA).hexdigest()
 RECEIVER = ["--reconnect-timeout", "4", "--timeout", "5"]
 SENDER = ["--retries", "8", "--retry-delay", "0.05", "--timeout", "1.5"]
 SEED = int(os.environ.get("SENDSTREAM_FAULT_SEED", "20261130"))
+
+
+def plain(sock: socket.socket, seconds: float) -> PlainChannel:
+    """The handshake of mode none."""
+    return PlainChannel(sock)
 
 
 class Proxy:
@@ -288,9 +294,9 @@ def test_a_pipe_source_and_one_child_across_reconnects(key: Path, tmp_path: Path
 
 def test_the_sender_holds_at_most_the_window(tmp_path: Path) -> None:
     """Resending never exceeds the window: everything before it was acknowledged."""
-    from sendstream.session import SessionReceiver, SessionSender
+    from sendstream.session import SessionSender
     from sendstream.tls import PlainChannel
-    from sendstream.transport import connect, listen
+    from sendstream.transport import accept_sender, connect, listen
 
     server = listen("127.0.0.1", 0)
     port = server.getsockname()[1]
@@ -298,8 +304,7 @@ def test_the_sender_holds_at_most_the_window(tmp_path: Path) -> None:
     window = 128 << 10  # the smallest: the first 64 KiB and a piece of 64 KiB
 
     def receive() -> None:
-        sock, _ = server.accept()
-        session = SessionReceiver(PlainChannel(sock), server=server, accept=PlainChannel, reconnect_timeout=10)
+        session = accept_sender(server, plain, timeout=5, idle_timeout=10, warn=print, reconnect_timeout=10)
         view = memoryview(bytearray(7000))
         while n := session.readinto(view):
             out.extend(view[:n])
@@ -372,14 +377,13 @@ _ = sys
 def test_a_sender_giving_up_right_after_data_is_reported_with_its_reason() -> None:
     """An ``X`` frame that arrives with the data before it: the data first, then the sender's reason."""
     from sendstream.errors import RemoteError
-    from sendstream.session import MAGIC, SessionReceiver
-    from sendstream.tls import PlainChannel
+    from sendstream.session import MAGIC, SessionReceiver, open_connection
 
     ours, theirs = socket.socketpair()
     reason = b"input: offset 42: bad crc"
     hello = MAGIC + b" 1 " + json.dumps({"stream": stream_identity(DATA[:65536])}).encode() + b"\n"
     ours.sendall(hello + struct.pack(">cI", b"D", 1000) + DATA[:1000] + struct.pack(">cI", b"X", len(reason)) + reason)
-    session = SessionReceiver(PlainChannel(theirs))
+    session = SessionReceiver(open_connection(theirs, plain, time.monotonic() + 5, timeout=5, idle_timeout=5))
     try:
         view = memoryview(bytearray(4096))
         assert bytes(view[: session.readinto(view)]) == DATA[:1000]

@@ -18,12 +18,15 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES
+from test_transport import wait_listening
 
 from sendstream import tls
 from sendstream.errors import UsageError
@@ -35,6 +38,7 @@ UP = random.Random(1).randbytes(3 << 20)
 DOWN = random.Random(2).randbytes(3 << 20)
 BENCH_MB = int(os.environ.get("SENDSTREAM_TLS_BENCH_MB", "256"))
 IO_TIMEOUT = 20.0
+STREAM = FIXTURES / "rich-full-v2.stream"
 
 GNUTLS_MISSING = tls.why_unavailable("tls12-aes128-gcm")
 needs_gnutls = pytest.mark.skipif(GNUTLS_MISSING is not None, reason=f"no usable libgnutls.so.30: {GNUTLS_MISSING}")
@@ -479,6 +483,44 @@ def test_our_client_to_openssl_s_server(mode: str, tmp_path: Path) -> None:
 def test_openssl_s_client_to_our_server(mode: str, tmp_path: Path) -> None:
     skip_sha384_psk(mode)
     openssl_s_client_to_our_server(mode, ["-psk", KEY.hex()], tmp_path)
+
+
+def sendstream_send_to_openssl_s_server(mode: str, psk: list[str], no_status: bool, tmp_path: Path) -> None:
+    """`sendstream send --no-status` delivers to a peer that is not sendstream; without it the sender cannot
+    call the stream stored: that peer sends no status."""
+    port = free_port()
+    args = ["-accept", str(port), *psk, "-psk_identity", IDENTITY, "-nocert", "-num_tickets", "0"]
+    out, key = tmp_path / "received", write_key(tmp_path / "cli.key", KEY)
+    send = ["--to", f"127.0.0.1:{port}", str(STREAM), "--tls", mode, "--key", str(key), "--identity", IDENTITY]
+    with (
+        out.open("wb") as sink,
+        peer(
+            ["openssl", "s_server", *args, *OPENSSL[mode], "-quiet", "-naccept", "1"],
+            tmp_path,
+            stdin=subprocess.PIPE,
+            stdout=sink,
+        ) as proc,
+    ):
+        wait_listening(port)  # a probe connection would count as its one accept
+        sent = subprocess.run(
+            [sys.executable, "-m", "sendstream", "send", *send, *(["--no-status"] if no_status else [])],
+            capture_output=True,
+            timeout=60,
+        )
+        assert proc.wait(IO_TIMEOUT) == 0
+    assert sha(out.read_bytes()) == sha(STREAM.read_bytes())
+    if no_status:
+        assert sent.returncode == 0, sent.stderr
+    else:
+        assert sent.returncode == 4 and b"the receiver sent no status" in sent.stderr, sent.stderr
+
+
+@needs_gnutls
+@pytest.mark.parametrize("no_status", [True, False], ids=["no-status", "expects-status"])
+@pytest.mark.parametrize("mode", TLS_MODES)
+def test_sendstream_send_to_openssl_s_server(mode: str, no_status: bool, tmp_path: Path) -> None:
+    skip_sha384_psk(mode)
+    sendstream_send_to_openssl_s_server(mode, ["-psk", KEY.hex()], no_status, tmp_path)
 
 
 @needs_gnutls

@@ -29,6 +29,7 @@ from test_tls import (
     our_client_to_openssl_s_server,
     our_pair,
     peer,
+    sendstream_send_to_openssl_s_server,
     sha,
     tcp_pair,
 )
@@ -129,6 +130,12 @@ def test_openssl_s_client_to_our_server(tmp_path: Path) -> None:
     openssl_s_client_to_our_server(MODE, psk, tmp_path)
 
 
+@pytest.mark.parametrize("no_status", [True, False], ids=["no-status", "expects-status"])
+def test_sendstream_send_to_openssl_s_server(no_status: bool, tmp_path: Path) -> None:
+    psk = ["-psk_session", str(psk_session(tmp_path / "psk.pem", KEY))]
+    sendstream_send_to_openssl_s_server(MODE, psk, no_status, tmp_path)
+
+
 def test_wrong_key() -> None:
     with pytest.raises(tls.HandshakeError, match=r"TLS handshake failed: .*\(wrong key or identity") as client:
         our_pair(MODE, key=bytes(32))
@@ -152,24 +159,28 @@ def test_wrong_key_with_openssl_s_server(tmp_path: Path) -> None:
         tls.connect_channel(connect(port), MODE, KEY, IDENTITY)
 
 
-def test_wrong_key_fails_both_commands(key: Path, tmp_path: Path) -> None:
+def test_wrong_key_fails_the_sender_and_the_receiver_waits_on(key: Path, tmp_path: Path) -> None:
     other = tmp_path / "other.key"
     other.write_bytes(bytes(32))
     other.chmod(0o600)
     port = free_port()
+    out = tmp_path / "o"
     tls_args = ["--tls", MODE, "-v"]
     recv = subprocess.Popen(
-        [*CMD, "receive", "--listen", f"127.0.0.1:{port}", "-o", str(tmp_path / "o"), "--key", str(key), *tls_args],
+        [*CMD, "receive", "--listen", f"127.0.0.1:{port}", "-o", str(out), "--key", str(key), *tls_args],
         stderr=subprocess.PIPE,
     )
     try:
-        sent = sender("--to", f"127.0.0.1:{port}", str(SAMPLE), "--key", str(other), *tls_args)
+        wrong = sender("--to", f"127.0.0.1:{port}", str(SAMPLE), "--key", str(other), *tls_args)
+        assert wrong.returncode == 6 and b"wrong key or identity" in wrong.stderr, wrong.stderr
+        assert recv.poll() is None and not out.exists()
+        right = sender("--to", f"127.0.0.1:{port}", str(SAMPLE), "--key", str(key), *tls_args)
         _, err = recv.communicate(timeout=60)
     finally:
         recv.kill()
-    assert (sent.returncode, recv.returncode) == (6, 6), (sent.stderr, err)
-    assert b"wrong key or identity" in sent.stderr and b"wrong key or identity" in err
-    assert not (tmp_path / "o").exists()
+    assert (right.returncode, recv.returncode) == (0, 0), (right.stderr, err)
+    assert b"refused: TLS handshake failed" in err and b"wrong key or identity" in err, err
+    assert out.read_bytes() == SAMPLE.read_bytes()
 
 
 def test_unknown_identity_and_failing_lookup() -> None:

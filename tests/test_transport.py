@@ -107,16 +107,25 @@ def test_a_damaged_stream_never_leaves_the_sender(key: Path, tmp_path: Path, res
         assert code == 1 and f"the sender gave up: offset {damaged}".encode() in err, err
 
 
-def test_wrong_key_fails_both_sides(key: Path, tmp_path: Path) -> None:
+def test_a_wrong_key_fails_the_sender_and_the_receiver_waits_on(key: Path, tmp_path: Path) -> None:
+    """The sender with a wrong key fails (exit 6); the receiver names it and takes the right sender next."""
     other = tmp_path / "other.key"
     other.write_bytes(os.urandom(32))
     other.chmod(0o600)
     port = free_port()
-    recv = receiver("receive", "--listen", f"127.0.0.1:{port}", "-o", str(tmp_path / "o"), "--key", str(key))
-    sent = sender("--to", f"127.0.0.1:{port}", str(SAMPLE), "--key", str(other))
-    _, err = recv.communicate(timeout=60)
-    assert sent.returncode == 6 and recv.returncode == 6, (sent.stderr, err)
-    assert not (tmp_path / "o").exists()
+    out = tmp_path / "o"
+    recv = receiver("receive", "--listen", f"127.0.0.1:{port}", "-o", str(out), "--key", str(key))
+    try:
+        wrong = sender("--to", f"127.0.0.1:{port}", str(SAMPLE), "--key", str(other))
+        assert wrong.returncode == 6 and b"wrong key or identity" in wrong.stderr, wrong.stderr
+        assert recv.poll() is None and not out.exists()
+        right = sender("--to", f"127.0.0.1:{port}", str(SAMPLE), "--key", str(key))
+        _, err = recv.communicate(timeout=60)
+    finally:
+        recv.kill()
+    assert right.returncode == 0 and recv.returncode == 0, (right.stderr, err)
+    assert out.read_bytes() == SAMPLE.read_bytes()
+    assert b"warning: connection from 127.0.0.1:" in err and b"(wrong key or identity?)" in err, err
 
 
 def raw_sender(port: int, payload: bytes, *, host: str = "127.0.0.1", reset: bool = False) -> None:

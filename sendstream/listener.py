@@ -1,0 +1,246 @@
+"""Accepting connections until one proves itself: many may knock, the first to open wins.
+
+A :class:`Listener` accepts on a listening socket in a thread of its own and
+opens each connection in a thread of the connection's own, with
+``open(sock, deadline)``: for sendstream the TLS handshake and the peer's
+first words (:func:`sendstream.session.open_connection`). One deadline,
+``timeout`` seconds after the accept, covers all of it, however slowly the
+peer sends. A connection that fails to open (no key or a wrong one, an
+unknown identity, another TLS version, garbage, silence, a close) is closed
+and logged in one line, and the listener goes on; so one bad client cannot
+stop the service, nor hold it.
+
+At most ``max_pending`` connections are being opened at a time, and at most
+as many opened ones wait to be taken; one more is closed at once. Memory is
+therefore bounded by ``2 * max_pending`` times what one opening holds (for
+sendstream: a TLS session and a 68 KiB buffer), plus one thread each.
+Refusals are logged in full up to :data:`LOG_BURST` per
+:data:`LOG_WINDOW` seconds, then counted, so a flood of connections cannot
+flood the log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import queue
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+MAX_PENDING = 64
+LOG_BURST = 20
+LOG_WINDOW = 10.0
+HALT_SECONDS = 2.0  # how long halting waits for the interrupted openings to end (and say why)
+
+
+def describe_peer(address: Any) -> str:
+    """``HOST:PORT`` of an accepted peer; ``[HOST]:PORT`` for IPv6; an IPv4-mapped address as IPv4."""
+    if not isinstance(address, tuple) or len(address) < 2:
+        return str(address) or "a local peer"
+    host, port = str(address[0]), address[1]
+    if host.startswith("::ffff:") and "." in host:
+        host = host[len("::ffff:") :]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class _Attempt:
+    """A connection being opened."""
+
+    def __init__(self, sock: socket.socket, peer: str, deadline: float, generation: int) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.deadline = deadline
+        self.generation = generation
+        self.why = ""  # set when the listener stops it
+        self.thread: threading.Thread  # the opening's: set before the attempt is pending
+
+
+class Listener(Generic[T]):
+    """Accepts on ``server`` and opens every connection concurrently; the opened ones are taken in order.
+
+    ``open(sock, deadline)`` returns the opened connection (it owns ``sock``
+    from the call on) or raises: the exception's text is the reason logged.
+    ``discard(item)`` closes an opened connection nobody takes. ``arrived``
+    (given to :meth:`first` or :meth:`serve`) sees each opened connection
+    in its own thread before it is queued, and may refuse it by raising.
+    """
+
+    def __init__(
+        self,
+        server: socket.socket,
+        open: Callable[[socket.socket, float], T],
+        discard: Callable[[T], object],
+        *,
+        timeout: float,
+        log: Callable[[str], object],
+        max_pending: int = MAX_PENDING,
+    ) -> None:
+        self._server = server
+        self._open = open
+        self._discard = discard
+        self.timeout = timeout
+        self._log = log
+        self.max_pending = max_pending
+        self._lock = threading.Lock()
+        self._pending: set[_Attempt] = set()
+        self._opened: queue.Queue[T] = queue.Queue(max_pending)
+        self._generation = 0
+        self._arrived: Callable[[T], object] | None = None
+        self._accepting: threading.Thread | None = None
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._log_lock = threading.Lock()
+        self._window = time.monotonic()
+        self._shown = 0
+        self._suppressed = 0
+
+    # taking connections
+
+    def first(self, arrived: Callable[[T], object] | None = None) -> T:
+        """Accept until a connection opens; then stop accepting, close every other one, and return it."""
+        self.serve(arrived)
+        while True:
+            try:
+                item = self._opened.get(timeout=1.0)  # a timeout: signals reach the main thread
+                break
+            except queue.Empty:
+                continue
+        self.halt("another connection opened first")
+        return item
+
+    def serve(self, arrived: Callable[[T], object] | None = None) -> None:
+        """Accept in the background; opened connections wait for :meth:`next`."""
+        self.halt("")
+        self._arrived = arrived
+        self._accepting = threading.Thread(target=self._accept_loop, args=(self._generation,), daemon=True)
+        self._accepting.start()
+
+    def next(self, timeout: float) -> T | None:
+        """The next opened connection, or None when none opened within ``timeout`` seconds."""
+        try:
+            return self._opened.get(timeout=max(timeout, 0.001))
+        except queue.Empty:
+            return None
+
+    def halt(self, why: str) -> None:
+        """Stop accepting, close the connections being opened (logging ``why``) and those not taken."""
+        with self._lock:
+            self._generation += 1
+        if self._accepting is not None:
+            self._wake_w.send(b"!")
+            self._accepting.join()  # no opening starts after this
+            self._accepting = None
+            with contextlib.suppress(BlockingIOError):
+                self._wake_r.recv(4096, socket.MSG_DONTWAIT)
+        with self._lock:
+            pending = list(self._pending)
+            for attempt in pending:
+                attempt.why = attempt.why or why or "the listener stopped"
+        for attempt in pending:
+            with contextlib.suppress(OSError):
+                attempt.sock.shutdown(socket.SHUT_RDWR)  # its thread fails, closes it and says why
+        deadline = time.monotonic() + HALT_SECONDS
+        for attempt in pending:
+            attempt.thread.join(max(deadline - time.monotonic(), 0))
+        while True:
+            try:
+                self._discard(self._opened.get_nowait())
+            except queue.Empty:
+                break
+
+    def close(self) -> None:
+        """Stop for good (the owner closes the listening socket)."""
+        self.halt("the listener closed")
+        self._wake_r.close()
+        self._wake_w.close()
+        with self._log_lock:
+            self._flush_log()
+
+    # the accept loop and the openings
+
+    def _accept_loop(self, generation: int) -> None:
+        poller = select.poll()
+        poller.register(self._server.fileno(), select.POLLIN)
+        poller.register(self._wake_r.fileno(), select.POLLIN)
+        self._server.setblocking(False)
+        while True:
+            ready = {fd for fd, _ in poller.poll()}
+            if self._wake_r.fileno() in ready or generation != self._generation:
+                return
+            try:
+                sock, address = self._server.accept()
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                if exc.errno in (errno.EBADF, errno.EINVAL):
+                    return
+                time.sleep(0.05)  # ECONNABORTED (a connection reset in the backlog), EMFILE: go on
+                continue
+            self._start(sock, describe_peer(address), generation)
+
+    def _start(self, sock: socket.socket, peer: str, generation: int) -> None:
+        attempt = _Attempt(sock, peer, time.monotonic() + self.timeout, generation)
+        attempt.thread = threading.Thread(target=self._open_one, args=(attempt,), daemon=True)
+        with self._lock:
+            full = len(self._pending) >= self.max_pending
+            if not full:
+                self._pending.add(attempt)
+        if full:
+            sock.close()
+            self._refused(peer, f"{self.max_pending} connections are already opening")
+            return
+        attempt.thread.start()
+
+    def _open_one(self, attempt: _Attempt) -> None:
+        try:
+            try:
+                item = self._open(attempt.sock, attempt.deadline)
+            except Exception as exc:
+                attempt.sock.close()
+                self._refused(attempt.peer, attempt.why or str(exc) or type(exc).__name__)
+                return
+            if attempt.generation == self._generation and self._arrived is not None:
+                try:
+                    self._arrived(item)
+                except Exception as exc:
+                    self._discard(item)
+                    self._refused(attempt.peer, str(exc))
+                    return
+            with self._lock:
+                taken = attempt.generation == self._generation
+                if taken:
+                    try:
+                        self._opened.put_nowait(item)
+                    except queue.Full:
+                        taken = False
+            if not taken:
+                self._discard(item)
+                stopped = attempt.why or (attempt.generation != self._generation and "the listener stopped")
+                self._refused(attempt.peer, stopped or f"{self.max_pending} opened connections wait already")
+        finally:
+            with self._lock:
+                self._pending.discard(attempt)
+
+    # the log
+
+    def _refused(self, peer: str, reason: str) -> None:
+        """One line per refused connection, at most :data:`LOG_BURST` per :data:`LOG_WINDOW` seconds."""
+        with self._log_lock:
+            if time.monotonic() - self._window >= LOG_WINDOW:
+                self._flush_log()
+                self._window = time.monotonic()
+            if self._shown < LOG_BURST:
+                self._shown += 1
+                self._log(f"connection from {peer} refused: {reason}")
+            else:
+                self._suppressed += 1
+
+    def _flush_log(self) -> None:
+        if self._suppressed:
+            self._log(f"{self._suppressed} more connections refused within {LOG_WINDOW:g} s (not shown)")
+        self._shown = self._suppressed = 0
