@@ -156,6 +156,8 @@ KNOWN: dict[str, str] = {
     "*@resume.read_token": "11: a resume token whose (authenticated) payload is not the JSON expected",
     "Mismatch@Decoder.chunking(restart/CommandTooLarge)": "new: a restart header that begins in the last bytes "
     "of the command before it is missed when a read ends inside the header",
+    "Mismatch@Decoder.chunking(problems)": "new: a lenient problem is recorded again each time a failing "
+    "command is retried after more input (its last bytes could start a restart header)",
 }
 
 
