@@ -11,11 +11,12 @@ Usage::
 
 Targets (one per surface; each input goes through every check of its target):
 
-- ``decoder``: the sans-IO Decoder, whole and in random chunkings, strict and
-  lenient; ``verify_file`` (a pipe's buffered windows and a file's mapped
-  ones), ``find_headers`` and the sender's ``stream_identity``. The native
-  scanner and the pure-Python framer must give the same events and the same
-  verdict (error type, offset and index);
+- ``decoder``: the sans-IO Decoder, strict and lenient, whole and cut (a
+  byte at a time, or in chunks of sizes that do not depend on the input);
+  ``verify_file`` (a pipe's buffered windows and a file's mapped ones),
+  ``find_headers`` and the sender's ``stream_identity``. The native scanner
+  and the pure-Python framer must give the same events and the same verdict
+  (error type, offset and index);
 - ``repair``: the Healer as ``sendstream repair`` drives it, both
   ``--keep-last`` ways, native and pure alike; what it writes decodes cleanly;
 - ``changes``: ``ls``, ``diff``, ``paths`` and ``stats``, text and JSON,
@@ -33,11 +34,17 @@ The rule: every input ends in success or in sendstream's own error
 (:class:`sendstream.errors.SendStreamError`). Anything else is a crash: another
 exception (RecursionError, MemoryError under the harness's RLIMIT_AS, struct.error,
 OverflowError, KeyError, UnicodeDecodeError...), a native/pure disagreement, a
-change outside the scratch directory, or memory kept per input unit
-(:class:`Unbounded`). libFuzzer writes each crash to ``build/fuzz/TARGET-crashes/``.
+change outside the scratch directory, more than :data:`KEPT_MAX` problems kept
+for one input (memory that grows with the input), or a conversion that writes
+more than :data:`OUTPUT_MAX`. A crash is named by its signature:
+``Type@module.function`` (the innermost frame in sendstream), or the harness's
+check (``Mismatch@...``, ``Unbounded@...``, ``Escaped@extract``). libFuzzer
+writes each crash to ``build/fuzz/TARGET-crashes/``; ``--minimize`` shrinks it
+much faster than libFuzzer's ``-minimize_crash`` does through Python.
 
 Options (the harness's; single-dash flags go to libFuzzer, e.g. ``-runs=N``,
-``-max_total_time=S``, ``-minimize_crash=1``):
+``-max_total_time=S``, ``-jobs=N``; the defaults given are ``-max_len=4096``,
+70000 for ``session``, and ``-timeout=30``):
 
 - ``--memory-mb N``: RLIMIT_AS of the process (default 1024; never under ASan,
   which reserves terabytes of address space);
@@ -50,7 +57,8 @@ Options (the harness's; single-dash flags go to libFuzzer, e.g. ``-runs=N``,
   streams, session lines) to the corpus.
 
 Without a corpus directory the run keeps its corpus in ``build/fuzz/TARGET/``
-and also reads ``tests/corpus/TARGET/``. The stream targets use a
+and also reads ``tests/corpus/TARGET/``. ``extract`` works in a directory
+under /dev/shm that a parent process removes when libFuzzer exits. The stream targets use a
 structure-aware mutator: it mutates whole commands and single attributes,
 splices commands from the seeds, inserts restarts, and then fixes every
 command's CRC, so mutations reach the command handlers instead of dying at
@@ -172,10 +180,6 @@ class Finding(AssertionError):
         self.signature = signature
 
 
-def mismatch(what: str, native: object, pure: object) -> Finding:
-    return Finding(f"Mismatch@{what}", f"native {native!r:.600} != pure {pure!r:.600}")
-
-
 def signature(exc: BaseException) -> str:
     """``Type@module.function`` of the innermost frame in sendstream (else in the harness)."""
     if isinstance(exc, Finding):
@@ -213,10 +217,11 @@ def verdict(exc: BaseException | None) -> tuple[Any, ...] | None:
     return (type(exc).__name__, getattr(exc, "offset", None), getattr(exc, "index", None))
 
 
-def problems(framer: Framer) -> list[tuple[Any, ...]]:
+def problems(framer: Framer) -> list[Any]:
+    """The verdicts of the problems the framer kept (no more than :data:`KEPT_MAX`)."""
     if len(framer.problems) > KEPT_MAX:
         raise Finding("Unbounded@Framer.problems", f"{len(framer.problems)} problems kept for one input")
-    return [verdict(p) for p in framer.problems]  # type: ignore[misc]
+    return [verdict(p) for p in framer.problems]
 
 
 @contextlib.contextmanager
@@ -318,10 +323,10 @@ RUNS = (True, False) if NATIVE else (False,)
 
 
 def agree(what: str, results: list[Any]) -> None:
-    """Every run's result equals the first's."""
+    """Every run's result (the native one first, then the pure one, then any other) equals the first's."""
     for other in results[1:]:
         if other != results[0]:
-            raise mismatch(what, results[0], other)
+            raise Finding(f"Mismatch@{what}", f"{results[0]!r:.600} != {other!r:.600}")
 
 
 def first_difference(a: tuple[Any, ...], b: tuple[Any, ...]) -> str:
@@ -505,20 +510,19 @@ def target_dump(data: bytes) -> None:
 class BoundedOutput:
     """Collects what a conversion writes; more than :data:`OUTPUT_MAX` is a crash."""
 
-    def __init__(self, what: str, size: int) -> None:
+    def __init__(self, what: str) -> None:
         self.what = what
-        self.limit = OUTPUT_MAX + 64 * size
         self.out = io.BytesIO()
 
     def write(self, data: bytes) -> None:
         self.out.write(data)
-        if self.out.tell() > self.limit:
-            raise Finding(f"Unbounded@{self.what}", f"more than {self.limit} bytes written")
+        if self.out.tell() > OUTPUT_MAX:
+            raise Finding(f"Unbounded@{self.what}", f"more than {OUTPUT_MAX} bytes written")
 
 
 def converted(data: bytes, downgrade: bool) -> bytes:
     """What ``sendstream convert`` (``--to-version 1`` with ``downgrade``) writes."""
-    sink = BoundedOutput("downgrade" if downgrade else "convert", len(data))
+    sink = BoundedOutput("downgrade" if downgrade else "convert")
     downgrader = Downgrader() if downgrade else None
     encoder = Encoder()
     framer = Framer()
@@ -564,12 +568,15 @@ class Scratch:
         self.base = base
         self.scratch = self.base / "scratch"
         self.sources = self.base / "sources"
+        self.populate()
+
+    def populate(self) -> None:
+        """Make the sentinel tree and the clone sources, and take their snapshot."""
         sentinel = self.base / "sentinel"
         (sentinel / "dir").mkdir(parents=True)
         (sentinel / "secret").write_bytes(b"must not change\n")
         (sentinel / "dir" / "file").write_bytes(b"x" * 100)
         (sentinel / "link").symlink_to("secret")
-        (sentinel / "up").symlink_to("../..")
         self.sources.mkdir()
         data = seed_stream(FIXTURES / self.SOURCE)
         first = next(ev for ev in file_events(io.BytesIO(data)) if isinstance(ev, Command))
@@ -608,6 +615,11 @@ class Scratch:
     def remove(self) -> None:
         for entry in self.base.iterdir():
             _remove(entry)
+
+    def reset(self) -> None:
+        """Start again from a clean base (after a crash, which may have left anything)."""
+        self.remove()
+        self.populate()
 
 
 def scratch_base() -> Path:
@@ -1146,8 +1158,7 @@ def replay(runner: Runner, paths: list[str]) -> int:
                 "frames": [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames],
             }
             if SCRATCH is not None:
-                SCRATCH.remove()
-                SCRATCH.__init__(SCRATCH.base)  # type: ignore[misc]
+                SCRATCH.reset()
         print(json.dumps(result), flush=True)
     if SCRATCH is not None:
         SCRATCH.remove()
