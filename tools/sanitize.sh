@@ -19,4 +19,4 @@ export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktra
 python3 -c "import sendstream.native as n; assert n.NATIVE and n.module.__file__.startswith('$work'), n.module"
 t="$root/tests"
 python3 -m pytest -q -p no:cacheprovider --rootdir "$root" "$t/test_native.py" "$t/test_restart.py" \
-    "$t/test_properties.py" "$t/test_corrupt.py" -k "not live" "$@"
+    "$t/test_properties.py" "$t/test_corrupt.py" "$t/test_fuzz_corpus.py" -k "not live" "$@"

@@ -1,0 +1,143 @@
+"""The fuzzing regression corpus: every file of tests/corpus/TARGET/ through the fuzz target TARGET.
+
+The targets live in tools/fuzz.py, which is run (not imported) with
+``--replay``: each file once, without atheris, under the harness's RLIMIT_AS,
+one JSON line per file. A file passes when it ends in success or in
+sendstream's own error; a crash names its signature and last frames.
+
+Entries that crash today, for findings of issue 11 being fixed elsewhere,
+are expected failures (not strict) as long as they crash the way :data:`XFAIL`
+says: each flags an XPASS once its fix lands, and then leaves the list.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sendstream
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "tests" / "corpus"
+HARNESS = ROOT / "tools" / "fuzz.py"
+FILES = sorted(p for p in CORPUS.glob("*/*") if p.is_file())
+
+_6A = (
+    r"^Unbounded@(Framer\.problems|verify_file|ExtractReport\.skipped)$",
+    "6a: every unknown command or attribute is kept as a problem (memory grows with the input)",
+)
+_RESTART = (
+    r"^Mismatch@Decoder\.chunking\(",
+    "new: a restart header that begins in the last bytes of the command before it is missed when a read ends "
+    "inside the header (the verdict depends on read boundaries)",
+)
+_7B = (r"^error@layout\.decode_value$", "7b: an attribute the version does not define, decoded with the global size")
+_6C = (r"^Unbounded@downgrade$", "6c: convert --to-version 1 writes zeros over the whole punched hole")
+_HELLO = (r"@session\.SessionReceiver\._hello$", "4: a malformed session hello crashes the receiver")
+_ANSWER = (r"@session\.(SessionReceiver\._hello|SessionSender\._session)$", "4: a malformed answer crashes the sender")
+# "TARGET/FILE" -> (the crash signatures expected, as a regular expression; the finding) for
+# the entries that crash today; another crash of such an entry fails the test
+XFAIL: dict[str, tuple[str, str]] = {
+    **{
+        f"{target}/{name}": _6A
+        for target in ("decoder", "repair", "changes", "dump", "convert", "extract")
+        for name in ("issue-header-and-zeros", "issue-unknown-attributes")
+    },
+    "decoder/crash-restart-header-cut-by-read-boundary": _RESTART,
+    "decoder/crash-restart-header-cut-by-read-boundary-at-end": _RESTART,
+    "decoder/crash-problem-recorded-twice-across-reads": (
+        r"^Mismatch@Decoder\.chunking\(problems\)$",
+        "new: a lenient problem is recorded again each time a failing command is retried after more input "
+        "(its last bytes could start a restart header)",
+    ),
+    "decoder/issue-v1-subvol-attribute-30-of-2-bytes": _7B,
+    "dump/issue-v1-chmod-attribute-30-of-2-bytes": _7B,
+    "dump/crash-v1-snapshot-fileattr-of-2-bytes": _7B,
+    "changes/issue-mknod-mode-2-63": (r"^OverflowError@changes\.", "7c: a MKNOD mode that does not fit a C int"),
+    "convert/issue-punched-hole-of-2-62": _6C,
+    "convert/crash-punch-hole-of-2-56-unknown-size": _6C,
+    "convert/crash-fallocate-end-past-2-64": (
+        r"^error@layout\.encode_value$",
+        "new: convert --to-version 1 turns a FALLOCATE whose offset + size passes 2^64 into a TRUNCATE it "
+        "cannot encode (struct.error)",
+    ),
+    "extract/issue-directory-chain-1000-deep": (
+        r"^RecursionError@extract\.",
+        "7a: RecursionError in _Tree.directory()",
+    ),
+    "session/issue-hello-bad-json": _HELLO,
+    "session/issue-hello-list": _HELLO,
+    "session/issue-hello-string": _HELLO,
+    "session/issue-hello-deep-nesting": _HELLO,
+    "session/issue-hello-not-utf8": _HELLO,
+    "session/issue-answer-bad-json": _ANSWER,
+    "session/issue-answer-verified-not-integer": _ANSWER,
+    "session/crash-answer-without-verified": _ANSWER,
+    "session/issue-status-superscript-two": (
+        r"@session\.(parse_status|SessionSender\._session)$",
+        "4: a status code that isdigit() accepts and int() does not",
+    ),
+    "session/issue-token-stream-list": (r"@session\.", "11: send --resume with a token whose stream is a JSON list"),
+    "session/crash-token-payload-not-json": (
+        r"@resume\.read_token$",
+        "11: a resume token whose (authenticated) payload is not JSON",
+    ),
+}
+
+
+class KnownFinding(AssertionError):
+    """An entry crashes as :data:`XFAIL` says it does today."""
+
+
+@functools.cache
+def replay(target: str) -> dict[str, dict[str, Any]]:
+    """The harness's verdict on every file of the target's corpus, by file name."""
+    # the sendstream this test imported (this checkout, or sanitize.sh's ASan build) is the one replayed
+    env = {**os.environ, "PYTHONPATH": str(Path(sendstream.__file__).resolve().parent.parent)}
+    run = subprocess.run(
+        [sys.executable, str(HARNESS), target, "--replay", str(CORPUS / target)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    results = {r["file"]: r for r in map(json.loads, run.stdout.splitlines())}
+    assert results, f"the harness reported nothing (exit {run.returncode}): {run.stderr[-3000:]}"
+    return results
+
+
+def entry_id(path: Path) -> str:
+    return f"{path.parent.name}/{path.name}"
+
+
+def test_every_corpus_directory_is_a_target() -> None:
+    targets = subprocess.run(
+        [sys.executable, str(HARNESS), "--list"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert {p.name for p in CORPUS.iterdir()} <= set(targets)
+    assert set(XFAIL) <= {entry_id(p) for p in FILES}, "an XFAIL entry names no corpus file"
+
+
+@pytest.mark.parametrize("path", FILES, ids=entry_id)
+def test_corpus_entry(path: Path, request: pytest.FixtureRequest) -> None:
+    """Our own error or success: no other exception, no native/pure disagreement,
+    no change outside extract's directory, no memory kept per input unit."""
+    expected = XFAIL.get(entry_id(path))
+    if expected is not None:
+        request.applymarker(pytest.mark.xfail(reason=expected[1], raises=KnownFinding, strict=False))
+    result = replay(path.parent.name).get(path.name)
+    assert result is not None, f"{entry_id(path)}: the harness stopped before this file"
+    if result["ok"]:
+        return
+    crash = f"{result['signature']}: {result['error']} (at {' <- '.join(reversed(result['frames']))})"
+    if expected is not None and re.search(expected[0], result["signature"]):
+        raise KnownFinding(crash)
+    raise AssertionError(crash)

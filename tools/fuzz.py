@@ -1,0 +1,1417 @@
+#!/usr/bin/env python3
+"""Coverage-guided fuzzing of every input surface of sendstream (atheris, libFuzzer).
+
+Usage::
+
+    python3 tools/fuzz.py TARGET [OPTIONS] [libFuzzer flags] [CORPUS_DIR ...]
+    python3 tools/fuzz.py TARGET --replay FILE_OR_DIR ...   # each file once, one JSON line each
+    python3 tools/fuzz.py TARGET --minimize CRASH OUT       # a smaller input with the same crash
+    python3 tools/fuzz.py --list
+    python3 tools/fuzz.py --write-issue-inputs DIR          # the hostile inputs of issue 11, in DIR/TARGET/
+
+Targets (one per surface; each input goes through every check of its target):
+
+- ``decoder``: the sans-IO Decoder, strict and lenient, whole and cut (a
+  byte at a time, or in chunks of sizes that do not depend on the input);
+  ``verify_file`` (a pipe's buffered windows and a file's mapped ones),
+  ``find_headers`` and the sender's ``stream_identity``. The native scanner
+  and the pure-Python framer must give the same events and the same verdict
+  (error type, offset and index);
+- ``repair``: the Healer as ``sendstream repair`` drives it, both
+  ``--keep-last`` ways, native and pure alike; what it writes decodes cleanly;
+- ``changes``: ``ls``, ``diff``, ``paths`` and ``stats``, text and JSON,
+  the same on the native and the pure framer;
+- ``dump``: the text (the native printer against the Python one) and JSON lines;
+- ``convert``: the writer (a valid input comes back byte for byte) and
+  ``--to-version 1`` (a v1 stream comes out, of bounded size);
+- ``extract``: the Extractor into a fresh scratch directory on tmpfs, next to
+  a sentinel tree and clone sources that must not change;
+- ``session``: the receiver's hello, the sender's parse of the answer and of
+  status lines, and resume tokens (the text as given, and any payload with a
+  valid MAC so that the JSON is reached), then used as ``send --resume`` does.
+
+The rule: every input ends in success or in sendstream's own error
+(:class:`sendstream.errors.SendStreamError`). Anything else is a crash: another
+exception (RecursionError, MemoryError under the harness's RLIMIT_AS, struct.error,
+OverflowError, KeyError, UnicodeDecodeError...), a native/pure disagreement, a
+change outside the scratch directory, more than :data:`KEPT_MAX` problems kept
+for one input (memory that grows with the input), or a conversion that writes
+more than :data:`OUTPUT_MAX`. A crash is named by its signature:
+``Type@module.function`` (the innermost frame in sendstream), or the harness's
+check (``Mismatch@...``, ``Unbounded@...``, ``Escaped@extract``). libFuzzer
+writes each crash to ``build/fuzz/TARGET-crashes/``; ``--minimize`` shrinks it
+much faster than libFuzzer's ``-minimize_crash`` does through Python.
+
+Options (the harness's; single-dash flags go to libFuzzer, e.g. ``-runs=N``,
+``-max_total_time=S``, ``-jobs=N``; the defaults given are ``-max_len=4096``,
+70000 for ``session``, and ``-timeout=30``):
+
+- ``--memory-mb N``: RLIMIT_AS of the process (default 1024; never under ASan,
+  which reserves terabytes of address space);
+- ``--fsize-mb N``: RLIMIT_FSIZE for ``extract`` (default 16), so that a
+  stream cannot fill the tmpfs;
+- ``--skip-known``: inputs whose crash has the signature of a finding in
+  :data:`KNOWN` count as passing (each is reported once), so a run goes on
+  to find new ones; ``--known SIGNATURE`` adds one (as printed for a crash);
+- ``--no-seeds``: do not add the generated seeds (fixtures shrunk, crafted
+  streams, session lines) to the corpus.
+
+Without a corpus directory the run keeps its corpus in ``build/fuzz/TARGET/``
+and also reads ``tests/corpus/TARGET/``. ``extract`` works in a directory
+under /dev/shm that a parent process removes when libFuzzer exits. The stream targets use a
+structure-aware mutator: it mutates whole commands and single attributes,
+splices commands from the seeds, inserts restarts, and then fixes every
+command's CRC, so mutations reach the command handlers instead of dying at
+the CRC check.
+
+The library imported is this checkout's, unless PYTHONPATH says otherwise
+(``tools/sanitize.sh`` points it at its ASan build).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+import os
+import random
+import resource
+import shutil
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
+import traceback
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+TOOLS = Path(__file__).resolve().parent
+REPO = TOOLS.parent
+if "PYTHONPATH" not in os.environ:
+    sys.path.insert(0, str(REPO))
+
+FUZZING = len(sys.argv) > 1 and not sys.argv[1].startswith("--") and not {"--replay", "--minimize"} & set(sys.argv)
+if FUZZING:
+    import atheris
+
+    instrumented: Any = atheris.instrument_imports(include=["sendstream"])
+else:
+    instrumented = contextlib.nullcontext()
+
+with instrumented:
+    import sendstream
+    from sendstream import errors as e
+    from sendstream.changes import changes, diff_json, diff_lines, json_line, ls_json, ls_lines
+    from sendstream.command import Command
+    from sendstream.crc import crc32c
+    from sendstream.decoder import NEED_DATA, Decoder, EndOfInput, Framer, Restart, StreamHeader
+    from sendstream.downgrade import Downgrader
+    from sendstream.dump import TextDumper
+    from sendstream.dump import json_line as dump_json_line
+    from sendstream.encoder import Encoder, encode_command, encode_stream_header
+    from sendstream.extract import Extractor
+    from sendstream.files import file_events
+    from sendstream.layout import ATTRIBUTES, COMMAND_NUMBERS, COMMANDS, MAX_VERSION, STREAM_MAGIC
+    from sendstream.native import NATIVE
+    from sendstream.paths import Statistics, record_json_line, record_line, resolve, statistics_lines
+    from sendstream.repair import Healer
+    from sendstream.resume import TOKEN_PREFIX, Checkpoint, Ledger, _b64, _mac, make_token, read_token
+    from sendstream.session import (
+        MAGIC,
+        PREFIX_SIZE,
+        STATUS_PREFIX,
+        SessionReceiver,
+        SessionSender,
+        parse_status,
+        stream_identity,
+    )
+    from sendstream.tls import PlainChannel
+    from sendstream.verify import find_headers, verify_file
+
+FIXTURES = REPO / "fixtures"
+CORPUS = REPO / "tests" / "corpus"
+WORK = REPO / "build" / "fuzz"
+LIBRARY = Path(sendstream.__file__).resolve().parent
+
+# More problems (or skipped commands) than this kept for one input is memory
+# that grows with the input: the issue asks to count them and keep the first few.
+KEPT_MAX = 1000
+# What ``convert --to-version 1`` may write for one input before the harness calls it unbounded.
+OUTPUT_MAX = 64 << 20
+TOKEN_KEY = bytes(range(32))
+
+# Crash signatures (exception@innermost sendstream function, or the harness
+# check) of the findings of issue 11 known today; ``--skip-known`` lets a run
+# go past them. Remove an entry when its fix lands.
+KNOWN: dict[str, str] = {
+    "Unbounded@Framer.problems": "6a: every unknown command or attribute kept as a problem",
+    "Unbounded@verify_file": "6a: every unknown command or attribute kept as a problem",
+    "Unbounded@ExtractReport.skipped": "6a: extract keeps a Skipped for every unknown command",
+    "Unbounded@downgrade": "6c: convert --to-version 1 writes zeros over a punched hole of any size",
+    "error@layout.encode_value": "new: convert --to-version 1 turns a FALLOCATE whose offset + size passes 2^64 "
+    "into a TRUNCATE it cannot encode (struct.error)",
+    "RecursionError@extract._Tree.directory": "7a: extract of a 1,000-deep directory chain",
+    "error@layout.decode_value": "7b: an attribute the version does not define, decoded with the global size",
+    "OverflowError@changes._device_kind": "7c: a MKNOD mode that does not fit a C int",
+    "*@session.SessionReceiver._hello": "4: a malformed session hello crashes the receiver",
+    "*@session.SessionSender._session": "4: a malformed answer crashes the sender",
+    "*@session.parse_status": "4: a status code that isdigit() accepts and int() does not",
+    "*@session._describe": "11: a resume token whose stream is not an object",
+    "*@resume.read_token": "11: a resume token whose (authenticated) payload is not the JSON expected",
+    "Mismatch@Decoder.chunking(restart/CommandTooLarge)": "new: a restart header that begins in the last bytes "
+    "of the command before it is missed when a read ends inside the header",
+    "Mismatch@Decoder.chunking(TruncatedStream/CommandTooLarge)": "new: the same, at the end of the input",
+    "Mismatch@Decoder.chunking(problems)": "new: a lenient problem is recorded again each time a failing "
+    "command is retried after more input (its last bytes could start a restart header)",
+}
+
+
+class Finding(AssertionError):
+    """A crash the harness detects itself (not an exception of the library)."""
+
+    def __init__(self, signature: str, message: str) -> None:
+        super().__init__(f"{signature}: {message}")
+        self.signature = signature
+
+
+def signature(exc: BaseException) -> str:
+    """``Type@module.function`` of the innermost frame in sendstream (else in the harness)."""
+    if isinstance(exc, Finding):
+        return exc.signature
+    where = ""
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        path = Path(frame.f_code.co_filename).resolve()
+        if path.is_relative_to(LIBRARY):
+            where = f"{path.stem}.{frame.f_code.co_qualname}"
+        elif not where:
+            where = f"fuzz.{frame.f_code.co_qualname}"
+    return f"{type(exc).__name__}@{where}"
+
+
+# --- shared helpers ---------------------------------------------------------------------------------------------------
+
+
+def canon(event: Any) -> tuple[Any, ...]:
+    """A comparable copy of an event (values as bytes)."""
+    if isinstance(event, Command):
+        attrs = None if event.attributes is None else tuple((t, bytes(v)) for t, v in event.attributes)
+        return ("cmd", event.offset, event.index, event.cmd, event.crc, attrs, bytes(event.payload or b""))
+    if isinstance(event, StreamHeader):
+        return ("hdr", event.offset, event.version)
+    if isinstance(event, Restart):
+        return ("restart", event.offset, event.version, event.commands, event.partial)
+    assert isinstance(event, EndOfInput), event
+    return ("eoi", event.offset)
+
+
+def verdict(exc: BaseException | None) -> tuple[Any, ...] | None:
+    """What must agree between two runs: the error's type, offset and index."""
+    if exc is None:
+        return None
+    return (type(exc).__name__, getattr(exc, "offset", None), getattr(exc, "index", None))
+
+
+def problems(framer: Framer) -> list[Any]:
+    """The verdicts of the problems the framer kept (no more than :data:`KEPT_MAX`)."""
+    if len(framer.problems) > KEPT_MAX:
+        raise Finding("Unbounded@Framer.problems", f"{len(framer.problems)} problems kept for one input")
+    return [verdict(p) for p in framer.problems]
+
+
+@contextlib.contextmanager
+def bounded(framer: Framer) -> Iterator[None]:
+    """Check the problems the framer keeps, however the run ends."""
+    try:
+        yield
+    finally:
+        problems(framer)
+
+
+def framer_events(
+    data: bytes, *, strict: bool = False, native: bool, keep_going: bool = False
+) -> tuple[list[tuple[Any, ...]], tuple[Any, ...] | None, list[tuple[Any, ...]]]:
+    """Events, verdict and problems of the framer over buffered windows."""
+    framer = Framer(strict=strict, keep_going=keep_going, batch=native)
+    out: list[tuple[Any, ...]] = []
+    error = None
+    try:
+        for event in file_events(io.BytesIO(data), framer):
+            out.append(canon(event))
+    except e.SendStreamError as exc:
+        error = verdict(exc)
+    return out, error, problems(framer)
+
+
+def chunkings(data: bytes, strict: bool) -> Iterator[list[int]]:
+    """Ways to cut ``data`` that do not depend on its bytes (so that a crash survives
+    minimisation): one byte at a time (every read boundary there is) for a small
+    lenient input, else sizes drawn from a fixed sequence, small ones (a few
+    bytes of a header at a time) when lenient."""
+    if not strict and len(data) <= 2048:
+        yield [1] * len(data)
+        return
+    rng = random.Random(strict)
+    sizes: list[int] = []
+    left = len(data)
+    while left > 0:
+        if strict:
+            sizes.append(rng.choice((1, 2, 9, 10, 11, 17, 27, rng.randrange(1, 300), rng.randrange(1, 70000))))
+        else:
+            sizes.append(rng.randrange(1, 24))
+        left -= sizes[-1]
+    yield sizes
+
+
+def decoder_events(
+    data: bytes, sizes: list[int], *, strict: bool
+) -> tuple[list[tuple[Any, ...]], tuple[Any, ...] | None, list[tuple[Any, ...]]]:
+    """Events, verdict and problems of the sans-IO Decoder fed ``data`` in pieces of ``sizes``."""
+    decoder = Decoder(strict=strict)
+    out: list[tuple[Any, ...]] = []
+    pieces = iter(sizes)
+    pos = 0
+    try:
+        while True:
+            event = decoder.next_event()
+            if event is NEED_DATA:
+                n = next(pieces, len(data))
+                decoder.receive_data(data[pos : pos + n] if pos < len(data) else b"")
+                pos += n
+                continue
+            out.append(canon(event))
+            if isinstance(event, EndOfInput):
+                break
+    except e.SendStreamError as exc:
+        return out, verdict(exc), problems(decoder.framer)
+    return out, None, problems(decoder.framer)
+
+
+def pure_verify(source: Any, keep_going: bool) -> tuple[Any, ...]:
+    """``verify_file`` on the pure-Python path: the strict framer alone, no batch scanner."""
+    framer = Framer(strict=True, keep_going=keep_going, batch=False)
+    try:
+        for _ in file_events(source, framer):
+            pass
+    except e.FormatError as exc:
+        framer.problems.append(exc)
+    return framer.streams, framer.commands, framer.bytes, problems(framer)
+
+
+def report_of(source: Any, keep_going: bool) -> tuple[Any, ...]:
+    report = verify_file(source, keep_going=keep_going)
+    if len(report.problems) > KEPT_MAX:
+        raise Finding("Unbounded@verify_file", f"{len(report.problems)} problems kept for one input")
+    return report.streams, report.commands, report.bytes, [verdict(p) for p in report.problems]
+
+
+def memfd(data: bytes) -> Any:
+    """A regular file holding ``data`` (in memory): the mapped-window path."""
+    fd = os.memfd_create("fuzz-input")
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return os.fdopen(fd, "rb")
+
+
+# The framer's native batch scanner when it is built, then the pure-Python path.
+RUNS = (True, False) if NATIVE else (False,)
+
+
+def agree(what: str, results: list[Any]) -> None:
+    """Every run's result (the native one first, then the pure one, then any other) equals the first's."""
+    for other in results[1:]:
+        if other != results[0]:
+            raise Finding(f"Mismatch@{what}", f"{results[0]!r:.600} != {other!r:.600}")
+
+
+def first_difference(a: tuple[Any, ...], b: tuple[Any, ...]) -> str:
+    """Where two (events, verdict, problems) runs part: ``restart/CommandTooLarge`` and the like."""
+    for x, y in zip(a[0], b[0], strict=False):
+        if x != y:
+            return f"{x[0]}/{y[0]}"
+    if len(a[0]) != len(b[0]):
+        k = min(len(a[0]), len(b[0]))
+        return "/".join(run[0][k][0] if len(run[0]) > k else str((run[1] or ("end",))[0]) for run in (a, b))
+    if a[1] != b[1]:
+        return f"{(a[1] or ('ok',))[0]}/{(b[1] or ('ok',))[0]}"
+    return "problems"
+
+
+def same_run(what: str, a: tuple[Any, ...], b: tuple[Any, ...]) -> None:
+    """Two runs over the same input give the same events, verdict and problems."""
+    if a != b:
+        raise Finding(f"Mismatch@{what}({first_difference(a, b)})", f"{a!r:.600} != {b!r:.600}")
+
+
+SKIP_KNOWN = False
+SKIPPED: dict[str, int] = {}
+
+
+def part(run: Callable[[], object]) -> None:
+    """Run an independent part of a target: our own error passes, and with
+    ``--skip-known`` so does a known finding, so that the other parts still run."""
+    try:
+        run()
+    except e.SendStreamError:
+        pass
+    except Exception as exc:
+        finding = known(signature(exc))
+        if not SKIP_KNOWN or finding is None:
+            raise
+        if finding not in SKIPPED:
+            print(f"fuzz: known finding {signature(exc)} ({finding}): going on", file=sys.stderr)
+        SKIPPED[finding] = SKIPPED.get(finding, 0) + 1
+
+
+def known(sig: str) -> str | None:
+    """The finding of :data:`KNOWN` a crash signature belongs to (``*@where`` matches any exception there)."""
+    return KNOWN.get(sig) or KNOWN.get("*@" + sig.partition("@")[2])
+
+
+def guarded(run: Callable[[], Any]) -> Any:
+    """The result of ``run()``, or the verdict of our own error."""
+    try:
+        return run()
+    except e.SendStreamError as exc:
+        return ("error", verdict(exc))
+
+
+# --- targets ----------------------------------------------------------------------------------------------------------
+
+
+def target_decoder(data: bytes) -> None:
+    for strict in (False, True):
+        whole = decoder_events(data, [len(data)], strict=strict)
+        for sizes in chunkings(data, strict):
+            same_run("Decoder.chunking", whole, decoder_events(data, sizes, strict=strict))
+        runs = [framer_events(data, strict=strict, native=native) for native in RUNS]
+        same_run("Framer.native-vs-pure", runs[0], runs[-1])
+        same_run("Decoder-vs-file_events", whole, runs[-1])
+    for keep_going in (False, True):
+        results = [report_of(io.BytesIO(data), keep_going), pure_verify(io.BytesIO(data), keep_going)]
+        with memfd(data) as mapped:
+            results.append(report_of(mapped, keep_going))
+        agree(f"verify_file(keep_going={keep_going})", results)
+    part(lambda: list(find_headers(io.BytesIO(data))))
+    part(lambda: stream_identity(data[:PREFIX_SIZE]))
+
+
+class HealedOutput:
+    """A BytesIO that ``repair --keep-last`` can truncate."""
+
+    def __init__(self) -> None:
+        self.out = io.BytesIO()
+
+    def truncate(self, offset: int) -> None:
+        self.out.seek(offset)
+        self.out.truncate(offset)
+
+
+def repaired(data: bytes, keep_last: bool, native: bool) -> bytes:
+    """What ``sendstream repair`` writes for ``data``."""
+    sink = HealedOutput()
+    healer = Healer(sink.out.write, keep_last=keep_last, truncate=sink.truncate if keep_last else None)
+    framer = Framer(batch=native)
+    with bounded(framer):
+        for event in file_events(io.BytesIO(data), framer, healer.batch if native else None):
+            healer.event(event)
+    return sink.out.getvalue()
+
+
+def target_repair(data: bytes) -> None:
+    for keep_last in (False, True):
+        results = [guarded(functools.partial(repaired, data, keep_last, native)) for native in RUNS]
+        agree(f"repair(keep_last={keep_last})", results)
+        out = results[0]
+        if isinstance(out, bytes):
+            events, error, _ = framer_events(out, native=False)
+            if error is not None or any(ev[0] == "restart" for ev in events):
+                raise Finding("Unclean@repair", f"keep_last={keep_last}: the output does not decode cleanly: {error}")
+
+
+def changes_text(data: bytes, native: bool) -> list[Any]:
+    """Every output of ls, diff, paths and stats for ``data``, or our error's verdict."""
+
+    def ls_and_diff() -> list[bytes]:
+        framer = Framer(batch=native)
+        out: list[bytes] = []
+        with bounded(framer):
+            for result in changes(file_events(io.BytesIO(data), framer)):
+                out.extend(ls_lines(result))
+                out.extend(diff_lines(result.diff()))
+                out.append(json_line(ls_json(result)))
+                out.append(json_line(diff_json(result)))
+        return out
+
+    def paths() -> list[bytes]:
+        framer = Framer(batch=native)
+        with bounded(framer):
+            return [record_line(r) + record_json_line(r) for r in resolve(file_events(io.BytesIO(data), framer))]
+
+    def stats() -> list[str]:
+        framer = Framer(batch=native)
+        statistics = Statistics()
+        with bounded(framer):
+            for event in file_events(io.BytesIO(data), framer):
+                statistics.feed(event)
+        return statistics_lines(statistics)
+
+    return [guarded(ls_and_diff), guarded(paths), guarded(stats)]
+
+
+def target_changes(data: bytes) -> None:
+    agree("ls/diff/paths/stats", [changes_text(data, native) for native in RUNS])
+
+
+def dumped(data: bytes, native: bool, strict: bool) -> tuple[bytes, Any]:
+    """``dump`` text (through the native printer when ``native``) and our error's verdict."""
+    out = io.BytesIO()
+    framer = Framer(strict=strict, batch=native)
+    text = TextDumper()
+    error = None
+    with bounded(framer):
+        try:
+            for event in file_events(io.BytesIO(data), framer, text.native_batch(out) if native else None):
+                if isinstance(event, Command):
+                    out.write(text.line(event))
+        except e.SendStreamError as exc:
+            error = verdict(exc)
+    return out.getvalue(), error
+
+
+def dumped_json(data: bytes) -> None:
+    """``dump --json``."""
+    framer = Framer()
+    version = 0
+    with bounded(framer):
+        for event in file_events(io.BytesIO(data), framer):
+            if isinstance(event, StreamHeader):
+                version = event.version
+            elif isinstance(event, Command):
+                dump_json_line(event, framer.streams, version)
+
+
+def dump_text(data: bytes, strict: bool) -> None:
+    """``dump`` (``--strict``): the native printer writes what the Python one does."""
+    agree(f"dump(strict={strict})", [dumped(data, native, strict) for native in RUNS])
+
+
+def target_dump(data: bytes) -> None:
+    for strict in (False, True):
+        part(functools.partial(dump_text, data, strict))
+    part(lambda: dumped_json(data))
+
+
+class BoundedOutput:
+    """Collects what a conversion writes; more than :data:`OUTPUT_MAX` is a crash."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.out = io.BytesIO()
+
+    def write(self, data: bytes) -> None:
+        self.out.write(data)
+        if self.out.tell() > OUTPUT_MAX:
+            raise Finding(f"Unbounded@{self.what}", f"more than {OUTPUT_MAX} bytes written")
+
+
+def converted(data: bytes, downgrade: bool) -> bytes:
+    """What ``sendstream convert`` (``--to-version 1`` with ``downgrade``) writes."""
+    sink = BoundedOutput("downgrade" if downgrade else "convert")
+    downgrader = Downgrader() if downgrade else None
+    encoder = Encoder()
+    framer = Framer()
+    with bounded(framer):
+        for event in file_events(io.BytesIO(data), framer):
+            if isinstance(event, Restart):
+                raise framer.problems[-1]
+            if downgrader is None:
+                sink.write(encoder.send(event))
+            else:
+                for out in downgrader.events(event):
+                    sink.write(encoder.send(out))
+    return sink.out.getvalue()
+
+
+def convert_check(data: bytes) -> None:
+    """``convert``: a valid input comes back byte for byte."""
+    if converted(data, False) != data and verify_file(io.BytesIO(data)).ok:
+        raise Finding("Mismatch@convert", "a valid input is not written back byte for byte")
+
+
+def downgrade_check(data: bytes) -> None:
+    """``convert --to-version 1``: a clean v1 stream (a v1 input passes through)."""
+    events, error, _ = framer_events(converted(data, True), native=False)
+    versions = {ev[2] for ev in events if ev[0] == "hdr"}
+    if error is not None or versions - {1}:
+        raise Finding("Unclean@downgrade", f"the output is not a clean v1 stream: {error}, versions {versions}")
+
+
+def target_convert(data: bytes) -> None:
+    part(lambda: convert_check(data))
+    part(lambda: downgrade_check(data))
+
+
+class Scratch:
+    """A tmpfs directory for ``extract``: ``scratch`` (fresh for each input) next to
+    ``sentinel`` and ``sources`` (clone sources, named by subvolume UUID), which
+    must never change."""
+
+    SOURCE = "rich-full-v2.stream"  # the parent of the rich-incr fixtures
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.scratch = self.base / "scratch"
+        self.sources = self.base / "sources"
+        self.populate()
+
+    def populate(self) -> None:
+        """Make the sentinel tree and the clone sources, and take their snapshot."""
+        sentinel = self.base / "sentinel"
+        (sentinel / "dir").mkdir(parents=True)
+        (sentinel / "secret").write_bytes(b"must not change\n")
+        (sentinel / "dir" / "file").write_bytes(b"x" * 100)
+        (sentinel / "link").symlink_to("secret")
+        self.sources.mkdir()
+        data = seed_stream(FIXTURES / self.SOURCE)
+        first = next(ev for ev in file_events(io.BytesIO(data)) if isinstance(ev, Command))
+        template = self.sources / str(first.get("uuid"))
+        template.mkdir()
+        with Extractor(template) as extractor:
+            for event in file_events(io.BytesIO(data)):
+                extractor.event(event)
+        self.before = self.snapshot()
+
+    def snapshot(self) -> dict[str, tuple[int, ...]]:
+        """Every name under the base except the scratch directory, with what an lstat says."""
+        out = {}
+        for root, dirs, files in os.walk(self.base):
+            if root == str(self.base):
+                dirs[:] = [d for d in dirs if d != "scratch"]
+            for name in [*dirs, *files, "."]:
+                path = os.path.join(root, name)
+                st = os.lstat(path)
+                key = os.path.relpath(path, self.base)
+                out[key] = (st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink)
+                if key == ".":  # making and removing the scratch directory changes the rest
+                    out[key] = out[key][:3]
+        return out
+
+    def check(self) -> None:
+        after = self.snapshot()
+        if after != self.before:
+            changed = sorted(k for k in after.keys() | self.before.keys() if after.get(k) != self.before.get(k))
+            raise Finding("Escaped@extract", f"changed outside the scratch directory: {changed[:10]}")
+
+    def clean(self) -> None:
+        if self.scratch.exists() or self.scratch.is_symlink():
+            _remove(self.scratch)
+
+    def remove(self) -> None:
+        for entry in self.base.iterdir():
+            _remove(entry)
+
+    def reset(self) -> None:
+        """Start again from a clean base (after a crash, which may have left anything)."""
+        self.remove()
+        self.populate()
+
+
+def scratch_base() -> Path:
+    """A new directory for :class:`Scratch`, on tmpfs when there is one."""
+    shm = Path("/dev/shm")
+    parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    _remove_stale(parent)
+    return Path(tempfile.mkdtemp(prefix=f"sendstream-fuzz-{os.getpid()}-", dir=parent))
+
+
+def copy_tree(source: Path, dest: Path) -> None:
+    """Copy an extraction into the existing ``dest``: files, links, fifos and device nodes as they are."""
+    for root, dirs, files in os.walk(source):
+        target = dest / os.path.relpath(root, source)
+        for name in [*dirs, *files]:
+            src, dst = os.path.join(root, name), target / name
+            st = os.lstat(src)
+            if stat.S_ISDIR(st.st_mode):
+                dst.mkdir(st.st_mode & 0o7777)
+            elif stat.S_ISREG(st.st_mode):
+                shutil.copy2(src, dst)
+            elif stat.S_ISLNK(st.st_mode):
+                dst.symlink_to(os.readlink(src))
+            else:
+                with contextlib.suppress(PermissionError):  # devices need root
+                    os.mknod(dst, st.st_mode, st.st_rdev)
+
+
+def _remove(path: Path) -> None:
+    """Remove a tree whatever the stream left in it: modes without access, a
+    thousand levels of directories (too deep for shutil's recursion)."""
+    if path.is_symlink() or not path.is_dir():
+        path.unlink()
+        return
+    try:
+        shutil.rmtree(path)
+    except (OSError, RecursionError):
+        # chmod -R and rm -r go through trees of any depth and never follow symlinks
+        subprocess.run(["chmod", "-R", "u+rwx", str(path)], check=False, stderr=subprocess.DEVNULL)
+        subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=True)
+
+
+def _remove_stale(parent: Path) -> None:
+    """Scratch bases of harness runs that died without cleaning up (a crash exits at once)."""
+    for old in parent.glob("sendstream-fuzz-*-*"):
+        pid = old.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            with contextlib.suppress(OSError):
+                _remove(old)
+
+
+SCRATCH: Scratch | None = None
+# Set by the process that runs libFuzzer in a child (which exits without cleaning up) and removes it after.
+SCRATCH_ENV = "SENDSTREAM_FUZZ_SCRATCH"
+
+
+def subvolume_commands(data: bytes) -> list[Command]:
+    """The SUBVOL and SNAPSHOT commands of ``data`` (as far as it decodes)."""
+    found = []
+    with contextlib.suppress(e.SendStreamError):
+        for event in file_events(io.BytesIO(data)):
+            if isinstance(event, Command) and event.name in ("subvol", "snapshot"):
+                found.append(Command(event.cmd, [(t, bytes(v)) for t, v in event.attributes or ()]))
+    return found
+
+
+def target_extract(data: bytes) -> None:
+    global SCRATCH
+    if SCRATCH is None:
+        SCRATCH = Scratch(Path(os.environ.get(SCRATCH_ENV) or scratch_base()))
+    scratch = SCRATCH
+    subvolumes = subvolume_commands(data)
+    per_subvolume = len(subvolumes) > 1
+    scratch.scratch.mkdir()
+    try:
+        if subvolumes and subvolumes[0].name == "snapshot" and not per_subvolume:
+            # an incremental applies onto its parent's extraction
+            with contextlib.suppress(KeyError, ValueError):
+                parent = scratch.sources / str(subvolumes[0].get("clone_uuid"))
+                if parent.is_dir():
+                    copy_tree(parent, scratch.scratch)
+        with contextlib.suppress(e.SendStreamError):
+            extractor = Extractor(scratch.scratch, clone_dirs=[scratch.sources], per_subvolume=per_subvolume)
+            framer = Framer()
+            with extractor, bounded(framer):
+                for event in file_events(io.BytesIO(data), framer):
+                    extractor.event(event)
+                    if len(extractor.report.skipped) > KEPT_MAX:
+                        raise Finding("Unbounded@ExtractReport.skipped", f"more than {KEPT_MAX} skips kept")
+    finally:
+        scratch.clean()
+        scratch.check()
+
+
+def _lines(data: bytes) -> bytes:
+    """``data`` as the bytes a peer sends: at least one line, and at least as long as a raw stream's magic."""
+    if b"\n" not in data:
+        data += b"\n"
+    return data.ljust(len(STREAM_MAGIC), b"\n")
+
+
+class _Connect(Exception):
+    """The sender would connect now (the harness has no receiver): as far as parsing goes."""
+
+
+def _no_connect() -> Any:
+    raise _Connect()
+
+
+def receiver_hello(data: bytes) -> None:
+    """The receiver's side: the first line of a new connection."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        ours.sendall(_lines(data))
+        ours.shutdown(socket.SHUT_WR)
+        session = SessionReceiver(PlainChannel(theirs))
+        session.close()
+
+
+def sender_answer(data: bytes) -> None:
+    """The sender's side: the receiver's answer (or status), then its ack and status lines."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        ours.sendall(_lines(data))
+        ours.shutdown(socket.SHUT_WR)
+        sender = SessionSender(_no_connect, retries=0, retry_delay=0)
+        try:
+            sender._session(PlainChannel(theirs))
+        finally:
+            sender._stop_reader()
+
+
+def status_lines(data: bytes) -> None:
+    for line in data.splitlines(keepends=True):
+        if line.startswith(STATUS_PREFIX):
+            parse_status(line)
+
+
+SMALL_STREAM = b""  # a stream shorter than the session prefix, for tokens to be checked against
+
+
+def resumed(checkpoint: Checkpoint) -> None:
+    """What ``send --resume TOKEN`` does with a token before it connects."""
+    ledger = Ledger(checkpoint)
+    sender = SessionSender(_no_connect, retries=0, skip_to=checkpoint.offset, stream=checkpoint.stream)
+    healer = Healer(sender.write, ledger=ledger)
+    for event in file_events(io.BytesIO(SMALL_STREAM), Framer(), healer.batch):
+        healer.event(event)
+    sender.identify()
+    ledger.finish()
+
+
+def token(text: str) -> None:
+    """``send --resume TOKEN`` up to where it would connect."""
+    with contextlib.suppress(_Connect):
+        resumed(read_token(text, TOKEN_KEY))
+
+
+def target_session(data: bytes) -> None:
+    part(lambda: receiver_hello(data))
+    part(lambda: sender_answer(data))
+    part(lambda: status_lines(data))
+    part(lambda: token(data.decode("utf-8", "surrogateescape")))
+    part(lambda: token(f"{TOKEN_PREFIX}{_b64(data)}.{_b64(_mac(TOKEN_KEY, data))}"))
+
+
+TARGETS: dict[str, Callable[[bytes], None]] = {
+    "decoder": target_decoder,
+    "repair": target_repair,
+    "changes": target_changes,
+    "dump": target_dump,
+    "convert": target_convert,
+    "extract": target_extract,
+    "session": target_session,
+}
+STREAM_TARGETS = {"decoder", "repair", "changes", "dump", "convert", "extract"}
+# -max_len unless given (small inputs run faster); a session line may pass the 64 KiB limit
+MAX_LEN = {"session": 70000}
+SEED_SIZE = 3 << 10
+
+
+# --- seeds ------------------------------------------------------------------------------------------------------------
+
+
+def seed_stream(path: Path, keep_data: int = 32, size: int = 1 << 30) -> bytes:
+    """A fixture with its WRITE data cut to ``keep_data`` bytes and its commands
+    after about ``size`` bytes left out (small seeds fuzz faster)."""
+    out = bytearray()
+    encoder = Encoder()
+    for event in file_events(io.BytesIO(path.read_bytes())):
+        if isinstance(event, Command) and event.name == "write":
+            attrs = [
+                (t, v[:keep_data] if t == ATTRIBUTES_BY_NAME["data"] else bytes(v)) for t, v in event.attributes or ()
+            ]
+            event = Command(event.cmd, attrs)
+        if isinstance(event, Command) and len(out) > size and event.name != "end":
+            continue
+        out += encoder.send(event)
+    return bytes(out)
+
+
+ATTRIBUTES_BY_NAME = {a.name: n for n, a in ATTRIBUTES.items()}
+
+
+def stream(version: int, *commands: tuple[str, list[tuple[str, Any]]]) -> bytes:
+    """A stream of ``version`` made of ``(name, typed attributes)``, then END."""
+    body = b"".join(encode_command(Command.build(name, attrs), version) for name, attrs in commands)
+    return encode_stream_header(version) + body + encode_command(Command.build("end"), version)
+
+
+def tour(version: int) -> bytes:
+    """One of every command the version defines, on a small tree."""
+    import uuid as uuidlib
+
+    from sendstream.specs import Timespec
+
+    me = uuidlib.UUID("5751d173-386b-2e48-a1ec-5e5bd918dd22")
+    t = Timespec(1700000000, 5)
+    cmds: list[tuple[str, list[tuple[str, Any]]]] = [
+        ("subvol", [("path", b"snap"), ("uuid", me), ("ctransid", 7)]),
+        ("mkdir", [("path", b"o257-7-0"), ("ino", 257)]),
+        ("rename", [("path", b"o257-7-0"), ("path_to", b"d")]),
+        ("mkfile", [("path", b"d/f"), ("ino", 258)]),
+        ("write", [("path", b"d/f"), ("file_offset", 0), ("data", b"hello world\n" * 4)]),
+        (
+            "clone",
+            [
+                ("path", b"d/f"),
+                ("file_offset", 4096),
+                ("clone_len", 48),
+                ("clone_uuid", me),
+                ("clone_ctransid", 7),
+                ("clone_path", b"d/f"),
+                ("clone_offset", 0),
+            ],
+        ),
+        ("truncate", [("path", b"d/f"), ("size", 8192)]),
+        ("set_xattr", [("path", b"d/f"), ("xattr_name", b"user.k"), ("xattr_data", b"v")]),
+        ("remove_xattr", [("path", b"d/f"), ("xattr_name", b"user.k")]),
+        ("symlink", [("path", b"s"), ("ino", 259), ("path_link", b"d/f")]),
+        ("link", [("path", b"h"), ("path_link", b"d/f")]),
+        ("mknod", [("path", b"n"), ("ino", 260), ("mode", 0o20644), ("rdev", 0x103)]),
+        ("mkfifo", [("path", b"p"), ("ino", 261)]),
+        ("mksock", [("path", b"k"), ("ino", 262)]),
+        ("update_extent", [("path", b"d/f"), ("file_offset", 0), ("size", 4096)]),
+        ("unlink", [("path", b"h")]),
+        ("mkdir", [("path", b"e"), ("ino", 263)]),
+        ("rmdir", [("path", b"e")]),
+        ("chmod", [("path", b"d/f"), ("mode", 0o644)]),
+        ("chown", [("path", b"d/f"), ("uid", 1000), ("gid", 1000)]),
+        ("utimes", [("path", b"d/f"), ("atime", t), ("mtime", t), ("ctime", t)]),
+    ]
+    if version >= 2:
+        plain = b"compressible " * 300
+        cmds += [
+            ("fallocate", [("path", b"d/f"), ("fallocate_mode", 3), ("file_offset", 0), ("size", 4096)]),
+            ("fileattr", [("path", b"d/f"), ("fileattr", 0x10)]),
+            (
+                "encoded_write",
+                [
+                    ("path", b"d/f"),
+                    ("file_offset", 0),
+                    ("unencoded_file_len", len(plain)),
+                    ("unencoded_len", len(plain)),
+                    ("unencoded_offset", 0),
+                    ("compression", 1),
+                    ("encryption", 0),
+                    ("data", zlib.compress(plain)),
+                ],
+            ),
+        ]
+    if version >= 3:
+        cmds.append(("enable_verity", [("path", b"d/f"), ("verity_algorithm", 1), ("verity_block_size", 4096),
+                                       ("verity_salt_data", b""), ("verity_sig_data", b"")]))  # fmt: skip
+    return stream(version, *cmds)
+
+
+def stream_seeds() -> dict[str, bytes]:
+    seeds: dict[str, bytes] = {}
+    for path in sorted(FIXTURES.glob("*.stream")):
+        data = seed_stream(path, size=SEED_SIZE)
+        if len(data) <= SEED_SIZE + 1024:
+            seeds[path.stem] = data
+        # each command alone, in a stream of its own version with its subvolume (for big ones)
+        events = list(file_events(io.BytesIO(data)))
+        version = next(ev.version for ev in events if isinstance(ev, StreamHeader))
+        first = next(ev for ev in events if isinstance(ev, Command))
+        for ev in events:
+            if isinstance(ev, Command) and ev.name == "encoded_write":
+                one = encode_stream_header(version) + encode_command(first, version) + encode_command(ev, version)
+                seeds[f"{path.stem}-encoded-{ev.index}"] = one + encode_command(Command.build("end"), version)
+    for version in range(1, MAX_VERSION + 1):
+        seeds[f"tour-v{version}"] = tour(version)
+    small = seeds["rich-incr-nodata-v2"]
+    for cut in (40, 300, 1000):
+        seeds[f"restart-{cut}"] = small[:cut] + small
+    return seeds
+
+
+def session_seeds() -> dict[str, bytes]:
+    ident = stream_identity(tour(2))
+    checkpoint = Checkpoint(ident, 17, 0, Ledger().digest())
+    return {
+        "hello": MAGIC + b" 1 " + json.dumps({"stream": ident}).encode() + b"\n",
+        "answer": MAGIC + b' 1 {"resume":0,"verified":0}\nack 0\nsendstream-status 0 ok\n',
+        "status": STATUS_PREFIX + b"3 the input ends inside a command\n",
+        "token": make_token(checkpoint, TOKEN_KEY).encode(),
+        "payload": json.dumps({"stream": ident, "offset": 17, "commands": 0, "ledger": "0" * 64}).encode(),
+    }
+
+
+def seeds(target: str) -> dict[str, bytes]:
+    return session_seeds() if target == "session" else stream_seeds()
+
+
+SESSION_DICT = [
+    MAGIC + b" 1 ", b"sendstream-status ", b"ack ", b'"verified"', b'"resume"', b'"stream"', b'"offset"',
+    b'"commands"', b'"ledger"', b'"uuid"', b'"prefix"', b'"sha256"', b"null", b"true", b"[", b"{", b"}", b"]",
+    b"\\u0000", b"1e999", b"-1", b"\xb2", TOKEN_PREFIX.encode(),
+]  # fmt: skip
+
+
+# --- the structure-aware mutator --------------------------------------------------------------------------------------
+
+POOL: list[bytes] = []  # encoded commands of the seeds, spliced into inputs
+_HEADER = struct.Struct("<LHL")
+_TLV = struct.Struct("<HH")
+_INTERESTING_INTS = (0, 1, 2, 0x7F, 0xFF, 0x7FFF, 0xFFFF, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 1 << 32, 1 << 40,
+                     (1 << 62), (1 << 63) - 1, 1 << 63, (1 << 64) - 1)  # fmt: skip
+_INTERESTING_PATHS = (b"", b".", b"..", b"../x", b"/abs", b"a/../b", b"a//b", b"a/", b"a\0b", b"o257-7-0",
+                      b"o258-7-0/x", b"d", b"d/f", b"sentinel/secret", b"../sentinel/secret", b"x" * 255, b"x" * 256,
+                      b"a/" * 60 + b"a", b"\xff\xfe", b"s/x", b"sources")  # fmt: skip
+
+
+def fix_crcs(data: bytearray) -> None:
+    """Give every command that can be framed its right CRC (across streams and restarts)."""
+    pos, n = 0, len(data)
+    while True:
+        at = data.find(STREAM_MAGIC, pos)
+        if at < 0 or at + 17 > n:
+            return
+        pos = at + 17
+        while pos + 10 <= n:
+            if data[pos : pos + len(STREAM_MAGIC)] == STREAM_MAGIC:
+                break
+            length, cmd, _ = _HEADER.unpack_from(data, pos)
+            end = pos + 10 + length
+            if end > n:
+                return
+            _HEADER.pack_into(data, pos, length, cmd, 0)
+            _HEADER.pack_into(data, pos, length, cmd, crc32c(memoryview(data)[pos:end]))
+            pos = end
+            if cmd == COMMAND_NUMBERS["end"]:
+                break
+        else:
+            return
+
+
+def split_stream(data: bytes) -> tuple[bytes, int, list[bytearray], bytes]:
+    """(header, version, commands, the rest) of the first stream of ``data``, as far as it frames."""
+    if not data.startswith(STREAM_MAGIC) or len(data) < 17:
+        return b"", 0, [], data
+    version = int.from_bytes(data[13:17], "little")
+    pos, out = 17, []
+    while pos + 10 <= len(data):
+        length = int.from_bytes(data[pos : pos + 4], "little")
+        if pos + 10 + length > len(data):
+            break
+        out.append(bytearray(data[pos : pos + 10 + length]))
+        pos += 10 + length
+    return data[:17], version, out, data[pos:]
+
+
+def split_tlvs(payload: bytes, version: int) -> list[tuple[int, bytes]]:
+    out, pos = [], 0
+    while pos + 4 <= len(payload):
+        t, n = _TLV.unpack_from(payload, pos)
+        if t == 19 and version >= 2:
+            out.append((t, payload[pos + 2 :]))
+            break
+        out.append((t, payload[pos + 4 : pos + 4 + n]))
+        pos += 4 + n
+    return out
+
+
+def join_tlvs(tlvs: list[tuple[int, bytes]], version: int) -> bytes:
+    out = bytearray()
+    for t, v in tlvs:
+        out += struct.pack("<H", t) if t == 19 and version >= 2 else _TLV.pack(t, len(v) & 0xFFFF)
+        out += v
+    return bytes(out)
+
+
+def interesting_value(rng: random.Random, t: int) -> bytes:
+    spec = ATTRIBUTES.get(t)
+    kind = spec.kind if spec else rng.choice(("u64", "u32", "string", "bytes"))
+    if kind in ("string", "bytes"):
+        return rng.choice(_INTERESTING_PATHS) if rng.random() < 0.8 else rng.randbytes(rng.randrange(0, 40))
+    if kind == "uuid":
+        return rng.choice((bytes(16), b"\xff" * 16, bytes.fromhex("5751d173386b2e48a1ec5e5bd918dd22")))
+    size = {"u8": 1, "u32": 4, "u64": 8, "timespec": 12}.get(kind, 8)
+    if rng.random() < 0.1:
+        size = rng.choice((0, 1, 2, 3, 7, 9, 16))  # the wrong size
+    value = rng.choice(_INTERESTING_INTS) if rng.random() < 0.8 else rng.getrandbits(64)
+    return (value & ((1 << 64) - 1)).to_bytes(8, "little")[: min(size, 8)].ljust(size, b"\0")
+
+
+def mutate_command(rng: random.Random, cmd: bytearray, version: int) -> bytearray:
+    payload = bytes(cmd[10:])
+    tlvs = split_tlvs(payload, version)
+    choice = rng.random()
+    if choice < 0.15 or not tlvs:
+        payload = atheris.Mutate(payload, max(2 * len(payload), 64))
+    elif choice < 0.25:
+        number = rng.choice((0, 22, 23, 24, 25, 26, 27, 40, 0xFFFF, *COMMANDS))
+        _HEADER.pack_into(cmd, 0, 0, number, 0)
+    else:
+        i = rng.randrange(len(tlvs))
+        t, v = tlvs[i]
+        op = rng.randrange(7)
+        if op == 0:
+            tlvs[i] = (t, interesting_value(rng, t))
+        elif op == 1:
+            tlvs[i] = (t, atheris.Mutate(v, max(2 * len(v), 16)))
+        elif op == 2:
+            tlvs[i] = (rng.choice((0, 19, 36, 40, 0xFFFF, *ATTRIBUTES)), v)
+        elif op == 3:
+            del tlvs[i]
+        elif op == 4:
+            tlvs.insert(rng.randrange(len(tlvs) + 1), tlvs[i])
+        elif op == 5:
+            new = rng.choice((*ATTRIBUTES, 36))
+            tlvs.insert(rng.randrange(len(tlvs) + 1), (new, interesting_value(rng, new)))
+        else:
+            rng.shuffle(tlvs)
+        payload = join_tlvs(tlvs, version)
+    _, number, _ = _HEADER.unpack_from(cmd, 0)
+    return bytearray(_HEADER.pack(len(payload), number, 0) + payload)
+
+
+def mutate_stream(data: bytes, max_size: int, seed: int) -> bytes:
+    """libFuzzer's custom mutator for the stream targets."""
+    rng = random.Random(seed)
+    header, version, cmds, rest = split_stream(data)
+    if not header or rng.random() < 0.15:
+        out = bytearray(atheris.Mutate(data, max_size))
+    else:
+        op = rng.random()
+        if op < 0.45 and cmds:
+            i = rng.randrange(len(cmds))
+            cmds[i] = mutate_command(rng, cmds[i], version)
+        elif op < 0.6 and POOL:
+            cmds.insert(rng.randrange(len(cmds) + 1), bytearray(rng.choice(POOL)))
+        elif op < 0.7 and cmds:
+            del cmds[rng.randrange(len(cmds))]
+        elif op < 0.78 and cmds:
+            i, j = rng.randrange(len(cmds)), rng.randrange(len(cmds))
+            cmds[i], cmds[j] = cmds[j], cmds[i]
+        elif op < 0.85 and cmds:
+            cmds.insert(rng.randrange(len(cmds) + 1), bytearray(rng.choice(cmds)))
+        elif op < 0.9:
+            header = header[:13] + struct.pack("<L", rng.choice((0, 1, 2, 3, 4, 0xFFFFFFFF)))
+        elif op < 0.95 and cmds:
+            # a restart: a new header and the stream's first commands again, maybe after part of a command
+            k = rng.randrange(len(cmds) + 1)
+            cut = rng.randrange(len(cmds[k - 1])) if k and rng.random() < 0.5 else 0
+            replay = header + b"".join(cmds[: rng.randrange(len(cmds) + 1)])
+            cmds.insert(k, bytearray((bytes(cmds[k - 1][:cut]) if cut else b"") + replay))
+        else:
+            rest = (
+                atheris.Mutate(rest, max(64, len(rest) * 2))
+                if rest
+                else header + b"".join(rng.sample(cmds, min(3, len(cmds))))
+            )
+        out = bytearray(header + b"".join(cmds) + rest)
+    if rng.random() < 0.95:
+        fix_crcs(out)
+    return bytes(out[:max_size])
+
+
+# --- running ----------------------------------------------------------------------------------------------------------
+
+
+def under_asan() -> bool:
+    with open("/proc/self/maps") as maps:
+        return "libasan" in maps.read()
+
+
+def limit_memory(megabytes: int) -> None:
+    if megabytes and not under_asan():
+        size = megabytes << 20
+        resource.setrlimit(resource.RLIMIT_AS, (size, size))
+
+
+def limit_files(megabytes: int) -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+    size = megabytes << 20
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+
+class Runner:
+    """Runs one target on an input with the crash rule."""
+
+    def __init__(self, target: str) -> None:
+        self.target = TARGETS[target]
+
+    def __call__(self, data: bytes) -> None:
+        try:
+            part(lambda: self.target(data))
+        except BaseException:
+            if SCRATCH is not None:
+                SCRATCH.remove()  # libFuzzer exits right after a crash
+            raise
+
+
+def replay(runner: Runner, paths: list[str]) -> int:
+    """Each file once, with a JSON line of its outcome; the number of crashes."""
+    files = []
+    for p in map(Path, paths):
+        files.extend(sorted(f for f in p.iterdir() if f.is_file()) if p.is_dir() else [p])
+    crashes = 0
+    for path in files:
+        result: dict[str, Any] = {"file": path.name, "ok": True}
+        try:
+            runner.target(path.read_bytes())
+        except e.SendStreamError:
+            pass
+        except Exception as exc:
+            crashes += 1
+            frames = traceback.extract_tb(exc.__traceback__)[-4:]
+            result = {
+                "file": path.name,
+                "ok": False,
+                "signature": signature(exc),
+                "error": f"{type(exc).__name__}: {exc!s:.500}",
+                "frames": [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames],
+            }
+            if SCRATCH is not None:
+                SCRATCH.reset()
+        print(json.dumps(result), flush=True)
+    if SCRATCH is not None:
+        SCRATCH.remove()
+        SCRATCH.base.rmdir()
+    return crashes
+
+
+def outcome(target: Callable[[bytes], None], data: bytes) -> str | None:
+    """The crash signature of ``data``, None when it passes."""
+    try:
+        target(data)
+    except e.SendStreamError:
+        return None
+    except Exception as exc:
+        return signature(exc)
+    return None
+
+
+def minimize(target: Callable[[bytes], None], data: bytes, seconds: float = 120.0) -> bytes:
+    """A smaller input with the same crash signature: whole commands left out, then
+    byte ranges (each candidate also with its CRCs fixed)."""
+    import time
+
+    wanted = outcome(target, data)
+    if wanted is None:
+        raise SystemExit("fuzz: the input does not crash")
+    deadline = time.monotonic() + seconds
+
+    def same(candidate: bytes) -> bool:
+        return time.monotonic() < deadline and outcome(target, candidate) == wanted
+
+    progress = True
+    while progress:
+        progress = False
+        header, _, cmds, rest = split_stream(data)
+        for i in reversed(range(len(cmds))):
+            candidate = header + b"".join(cmds[:i] + cmds[i + 1 :]) + rest
+            if same(candidate):
+                data, cmds, progress = candidate, cmds[:i] + cmds[i + 1 :], True
+        size = len(data) // 2
+        while size:
+            i = 0
+            while i < len(data):
+                cut = data[:i] + data[i + size :]
+                fixed = bytearray(cut)
+                fix_crcs(fixed)
+                found = next((c for c in (cut, bytes(fixed)) if len(c) < len(data) and same(c)), None)
+                if found is not None:
+                    data, progress = found, True
+                else:
+                    i += size
+            size //= 2
+    return data
+
+
+def write_seeds(target: str, directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for old in directory.iterdir():
+        old.unlink()
+    for name, data in seeds(target).items():
+        (directory / name).write_bytes(data)
+
+
+def fuzz(target: str, options: dict[str, Any], args: list[str]) -> None:
+    global SMALL_STREAM
+    runner = Runner(target)
+    flags = [a for a in args if a.startswith("-")]
+    dirs = [a for a in args if not a.startswith("-")]
+    if not dirs:
+        dirs = [str(WORK / target)]
+        if (CORPUS / target).is_dir():
+            dirs.append(str(CORPUS / target))
+    files_only = all(Path(d).is_file() for d in dirs)  # libFuzzer runs (or minimises) given files
+    if not files_only:
+        Path(dirs[0]).mkdir(parents=True, exist_ok=True)
+    if not options["no_seeds"] and not files_only:
+        write_seeds(target, WORK / f"{target}-seeds")
+        dirs.append(str(WORK / f"{target}-seeds"))
+    crashes = WORK / f"{target}-crashes"
+    crashes.mkdir(parents=True, exist_ok=True)
+    defaults = {
+        "-artifact_prefix": f"{crashes}/",
+        "-max_len": str(MAX_LEN.get(target, 4 << 10)),
+        "-timeout": "30",
+        "-print_final_stats": "1",
+    }
+    if target == "extract":
+        defaults["-handle_xfsz"] = "0"  # a write past RLIMIT_FSIZE fails with EFBIG (SIGXFSZ ignored)
+    if target == "session":
+        dict_path = WORK / "session.dict"
+        dict_path.write_text("".join(f'"{_dict_escape(t)}"\n' for t in SESSION_DICT))
+        defaults["-dict"] = str(dict_path)
+    given = {f.split("=", 1)[0] for f in flags}
+    flags += [f"{k}={v}" for k, v in defaults.items() if k not in given]
+    mutator = None
+    if target in STREAM_TARGETS:
+        for data in seeds(target).values():
+            POOL.extend(bytes(c) for c in split_stream(data)[2] if len(c) <= 4096)
+        mutator = mutate_stream
+    argv = [sys.argv[0], *flags, *dirs]
+    print(f"fuzz: {target}: {' '.join(argv[1:])}", file=sys.stderr)
+    atheris.Setup(argv, runner, custom_mutator=mutator)
+    atheris.Fuzz()
+
+
+def _dict_escape(token: bytes) -> str:
+    return "".join(chr(b) if 0x20 <= b < 0x7F and b not in b'"\\' else f"\\x{b:02x}" for b in token)
+
+
+def main(argv: list[str]) -> int:
+    global SMALL_STREAM
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    if argv[0] == "--list":
+        print("\n".join(TARGETS))
+        return 0
+    if argv[0] == "--write-issue-inputs":
+        for target, inputs in issue_inputs().items():
+            (Path(argv[1]) / target).mkdir(parents=True, exist_ok=True)
+            for name, data in inputs.items():
+                (Path(argv[1]) / target / name).write_bytes(data)
+        return 0
+    target, rest = argv[0], argv[1:]
+    if target not in TARGETS:
+        print(f"fuzz: unknown target {target!r}; one of {', '.join(TARGETS)}", file=sys.stderr)
+        return 2
+    options = {"memory_mb": 1024, "fsize_mb": 16, "skip_known": False, "no_seeds": False}
+    args, replaying, minimizing = [], False, False
+    it = iter(rest)
+    for arg in it:
+        if arg in ("--memory-mb", "--fsize-mb"):
+            options[arg[2:].replace("-", "_")] = int(next(it))
+        elif arg in ("--skip-known", "--no-seeds"):
+            options[arg[2:].replace("-", "_")] = True
+        elif arg == "--known":
+            KNOWN[next(it)] = "given with --known"
+        elif arg == "--replay":
+            replaying = True
+        elif arg == "--minimize":
+            minimizing = True
+        elif arg.startswith("--"):
+            print(f"fuzz: unknown option {arg}", file=sys.stderr)
+            return 2
+        else:
+            args.append(arg)
+    global SKIP_KNOWN
+    SKIP_KNOWN = bool(options["skip_known"])
+    SMALL_STREAM = tour(2)
+    limit_memory(options["memory_mb"])
+    if target == "extract" and not replaying and not minimizing and SCRATCH_ENV not in os.environ:
+        # libFuzzer ends the process without Python's clean-up: a parent removes the scratch directory
+        base = scratch_base()
+        try:
+            return subprocess.call([sys.executable, __file__, *argv], env={**os.environ, SCRATCH_ENV: str(base)})
+        finally:
+            _remove(base)
+    if target == "extract":
+        limit_files(options["fsize_mb"])
+    if replaying:
+        return 1 if replay(Runner(target), args) else 0
+    if minimizing:
+        source, dest = map(Path, args)
+        small = minimize(TARGETS[target], source.read_bytes())
+        dest.write_bytes(small)
+        print(f"fuzz: {len(small)} bytes, {outcome(TARGETS[target], small)}", file=sys.stderr)
+        if SCRATCH is not None:
+            SCRATCH.remove()
+            SCRATCH.base.rmdir()
+        return 0
+    fuzz(target, options, args)
+    return 0
+
+
+# --- the hostile inputs of issue 11 -----------------------------------------------------------------------------------
+
+
+def raw_command(cmd: int, tlvs: list[tuple[int, bytes]]) -> bytes:
+    """A command with a right CRC made of raw TLVs (any type, any size)."""
+    out = bytearray(_HEADER.pack(0, cmd, 0) + b"".join(_TLV.pack(t, len(v)) + v for t, v in tlvs))
+    fix_length = len(out) - 10
+    _HEADER.pack_into(out, 0, fix_length, cmd, 0)
+    _HEADER.pack_into(out, 0, fix_length, cmd, crc32c(out))
+    return bytes(out)
+
+
+def issue_inputs() -> dict[str, dict[str, bytes]]:
+    """Small versions of the inputs issue 11 names, by target (``--write-issue-inputs``)."""
+    import uuid as uuidlib
+
+    u64 = struct.Struct("<Q").pack
+    me = uuidlib.UUID("5751d173-386b-2e48-a1ec-5e5bd918dd22")
+    subvol = ("subvol", [("path", b"snap"), ("uuid", me), ("ctransid", 7)])
+    v1_subvol = encode_stream_header(1) + encode_command(Command.build(*subvol), 1)
+    end = encode_command(Command.build("end"), 1)
+    # 6a: CRC-valid 10-byte "command 0" records, and one command of unknown attributes
+    zeros = encode_stream_header(2) + bytes(10 * (KEPT_MAX + 1))
+    unknown = (
+        stream(2, subvol)[:-10]
+        + raw_command(3, [(15, b"f"), (3, u64(257))] + [(100 + i, b"") for i in range(KEPT_MAX + 1)])
+        + end
+    )
+    # 7a: a directory 1,000 deep, built with short commands (mkdir b, rename a -> b/a, rename b -> a)
+    chain: list[tuple[str, list[tuple[str, Any]]]] = [subvol, ("mkdir", [("path", b"a"), ("ino", 257)])]
+    for ino in range(258, 1257):
+        chain += [
+            ("mkdir", [("path", b"b"), ("ino", ino)]),
+            ("rename", [("path", b"a"), ("path_to", b"b/a")]),
+            ("rename", [("path", b"b"), ("path_to", b"a")]),
+        ]
+    chain.append(("mkfile", [("path", b"/".join([b"a"] * 1000) + b"/f"), ("ino", 2000)]))
+    deep = stream(2, *chain)
+    # 7b: attribute 30 (COMPRESSION, u32 from v2 on) with 2 bytes in v1
+    chmod_30 = v1_subvol + raw_command(18, [(15, b""), (5, u64(0o755)), (30, b"\1\0")]) + end
+    subvol_30 = (
+        encode_stream_header(1) + raw_command(1, [(15, b"snap"), (1, me.bytes), (2, u64(7)), (30, b"\1\0")]) + end
+    )
+    # 7c: a MKNOD whose mode does not fit a C int
+    mknod = stream(2, subvol, ("mknod", [("path", b"n"), ("ino", 257), ("mode", 1 << 63), ("rdev", 0)]))
+    # 6c: a punched hole of 2^62 after a TRUNCATE to 2^62
+    hole = stream(
+        2,
+        subvol,
+        ("mkfile", [("path", b"f"), ("ino", 257)]),
+        ("truncate", [("path", b"f"), ("size", 1 << 62)]),
+        ("fallocate", [("path", b"f"), ("fallocate_mode", 3), ("file_offset", 0), ("size", 1 << 62)]),
+    )
+    memory = {"issue-header-and-zeros": zeros, "issue-unknown-attributes": unknown}
+    hello = MAGIC + b" 1 "
+    ledger = Ledger()
+    ledger.header(2)  # a token at the end of the header of SMALL_STREAM
+    return {
+        "decoder": {**memory, "issue-v1-subvol-attribute-30-of-2-bytes": subvol_30},
+        "repair": memory,
+        "changes": {**memory, "issue-mknod-mode-2-63": mknod},
+        "dump": {**memory, "issue-v1-chmod-attribute-30-of-2-bytes": chmod_30},
+        "convert": {**memory, "issue-punched-hole-of-2-62": hole},
+        "extract": {**memory, "issue-directory-chain-1000-deep": deep, "issue-punched-hole-of-2-62": hole},
+        "session": {
+            "issue-hello-bad-json": hello + b"{not json\n",
+            "issue-hello-list": hello + b"[1, 2]\n",
+            "issue-hello-string": hello + b'"stream"\n',
+            "issue-hello-deep-nesting": hello + b"[" * 30000 + b"\n",
+            "issue-hello-not-utf8": hello + b'{"stream": "\xff\xfe"}\n',
+            "issue-answer-bad-json": hello + b'{"verified": 0, "resume": \n',
+            "issue-answer-verified-not-integer": hello + b'{"verified": "zero", "resume": 0}\n',
+            "issue-status-superscript-two": STATUS_PREFIX + "\u00b2 failed\n".encode(),
+            "issue-token-stream-list": json.dumps(
+                {"stream": [], "offset": 17, "commands": 0, "ledger": ledger.digest()}
+            ).encode(),
+        },
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
