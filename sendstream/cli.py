@@ -155,7 +155,20 @@ def _reconnect_timeout_option(f: Any) -> Any:
     )(f)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _ReaderGone(Exception):
+    """Standard output's reader went away (``| head``): not an error of ours."""
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        # click turns EPIPE into exit 1 on its own; every command of ours ends quietly with 0
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as exc:
+            raise _ReaderGone() from exc
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="sendstream")
 @click.option("--traceback", "show_traceback", is_flag=True, help="Show a Python traceback on errors.")
 @click.pass_context
@@ -713,24 +726,12 @@ def receive(
             assert output and key
             summary = _receive_into_journal(session, output, key, checkpoint, progress)
         else:
-            with _naming(output or "-"), atomic_output(output or "-") as out:
+            with atomic_output(output or "-") as out:
                 session.flush = out.flush
                 summary = receive_resumable(session, out.write, progress)
         session.answer(0, "ok", linger=min(reconnect_timeout, 60.0))
     if not quiet:
         click.echo(f"sendstream: {summary.line('received')}", err=True)
-
-
-@contextlib.contextmanager
-def _naming(path: str) -> Iterator[None]:
-    """Name ``path`` in an OSError that names no file: while receiving, the network's errors are the
-    session's own, so such an error is the output's (ENOSPC, EIO, EFBIG on a write or a flush)."""
-    try:
-        yield
-    except OSError as exc:
-        if exc.filename is None and exc.errno is not None:
-            exc.filename = "standard output" if path == "-" else path
-        raise
 
 
 def _receive_into_journal(
@@ -745,9 +746,8 @@ def _receive_into_journal(
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     journal = Journal(output, key, checkpoint)
     try:
-        with _naming(journal.part):
-            summary = receive_resumable(session, journal.write, progress, journal)
-            journal.finish()
+        summary = receive_resumable(session, journal.write, progress, journal)
+        journal.finish()
     except BaseException:
         journal.close()
         if journal.token is not None:
@@ -998,7 +998,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except SystemExit as exc:
         return int(exc.code or 0)
-    except BrokenPipeError:
+    except (BrokenPipeError, _ReaderGone):
         _quiet_stdout()
         return 0
     except e.SendStreamError as exc:

@@ -256,15 +256,18 @@ class OutputDirectory:
 
 
 class OutputFile(io.FileIO):
-    """A file written for ``path``: its errors (ENOSPC, EIO) name ``path``."""
+    """A file written for ``path``: its errors (ENOSPC, EIO) name ``path``; a reader that
+    went away (``| head``) stays a BrokenPipeError."""
 
-    def __init__(self, fd: int, path: str) -> None:
-        super().__init__(fd, "wb", closefd=True)
+    def __init__(self, fd: int, path: str, *, closefd: bool = True) -> None:
+        super().__init__(fd, "wb", closefd=closefd)
         self.path = path
 
     def write(self, data: Any) -> int:
         try:
             return super().write(data)
+        except BrokenPipeError:
+            raise
         except OSError as exc:
             raise e.OutputError(self.path, exc.strerror or str(exc)) from None
 
@@ -375,8 +378,9 @@ def atomic_output(path: str) -> Iterator[BinaryIO]:
     ``path``, never the temporary file.
     """
     if path == "-":
-        yield sys.stdout.buffer
-        sys.stdout.buffer.flush()
+        sys.stdout.flush()
+        with io.BufferedWriter(OutputFile(sys.stdout.fileno(), "standard output", closefd=False)) as stdout:
+            yield stdout
         return
     try:
         st: os.stat_result | None = os.lstat(path)

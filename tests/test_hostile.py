@@ -326,3 +326,22 @@ def test_bulk_counted_problems_give_the_same_output_on_both_paths(tmp_path: Path
     assert native_run.stdout.split(timing)[0] == pure_run.stdout.split(timing)[0]
     assert native_run.stderr == pure_run.stderr
     assert native_run.stderr.count(b"\n") <= e.ProblemLog.KEEP + 2
+
+
+@pytest.mark.parametrize(
+    "args", [["convert", "IN", "-"], ["repair", "IN", "-"], ["dump", "IN"], ["dump", "--json", "IN"]], ids=" ".join
+)
+def test_a_reader_that_goes_away_ends_every_command_quietly(args: list[str]) -> None:
+    argv = [str(FIXTURES / "rich-full-v1.stream") if a == "IN" else a for a in args]
+    proc = subprocess.Popen([*CMD, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.read(10)
+    proc.stdout.close()
+    assert (proc.wait(), proc.stderr.read()) == (0, b"")
+
+
+def test_a_full_standard_output_is_named() -> None:
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run([*CMD, "convert", str(SAMPLE), "-"], stdout=full, stderr=subprocess.PIPE)
+    assert done.returncode == 4
+    assert done.stderr == b"sendstream: error: cannot write 'standard output': No space left on device\n"
