@@ -520,11 +520,15 @@ def _psk(mode: str, key_file: str | None, identity: str, leg: str = "") -> bytes
         return None
     if key_file:
         return load_key(key_file)
-    # getpass falls back to reading standard input (the stream itself, under cron) without a terminal
-    try:
-        os.close(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY))
-    except OSError:
-        raise e.UsageError(f"no {flag}key given, and no terminal to ask for a password: give {flag}key FILE") from None
+    # getpass asks on /dev/tty, else on standard input if it is a terminal, else it would read
+    # standard input (the stream itself, under cron) as the password
+    if not sys.stdin.isatty():
+        try:
+            os.close(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY))
+        except OSError:
+            raise e.UsageError(
+                f"no {flag}key given, and no terminal to ask for a password: give {flag}key FILE"
+            ) from None
     return derive_key(getpass.getpass(f"password for {identity!r}{f' (--{leg})' if leg else ''}: "), identity)
 
 

@@ -350,14 +350,14 @@ class Framer:
         found = bytes(mv[lo:hi]).find(STREAM_MAGIC)
         at = lo + found if found >= 0 else -1
         if at < 0 or at >= span_end:
-            window = bytes(mv[pos:hi])
+            window = bytes(mv[lo:hi])
             if not eof:
-                # a header may still start where the data runs out
-                for h in range(max(0, len(window) - len(STREAM_MAGIC) + 1), span_end - pos):
-                    if STREAM_MAGIC.startswith(window[h:]):
-                        return NEED_DATA, pos, h + STREAM_HEADER_SIZE + COMMAND_HEADER_SIZE
+                # a header may still start where the data runs out, in the last bytes before pos too
+                for h in range(max(lo, hi - len(STREAM_MAGIC) + 1), span_end):
+                    if STREAM_MAGIC.startswith(window[h - lo :]):
+                        return NEED_DATA, pos, h - pos + STREAM_HEADER_SIZE + COMMAND_HEADER_SIZE
             tail = next((k for k in range(len(STREAM_MAGIC) - 1, 3, -1) if window.endswith(STREAM_MAGIC[:k])), 0)
-            if eof and tail and len(window) - tail < span_end - pos:
+            if eof and tail and hi == end and hi - tail < span_end:
                 raise e.TruncatedStream(
                     "the input ends inside a restarted stream header",
                     offset=origin + end - tail,
@@ -521,18 +521,26 @@ class Framer:
     def _attributes(
         self, mv: memoryview, p: int, end: int, where: _Where, required: frozenset[int]
     ) -> list[tuple[int, memoryview | bytes]]:
-        """The TLVs of a payload, with every rule of the version checked."""
+        """The TLVs of a payload, with every rule of the version checked.
+
+        Problems and warnings are recorded only once the whole command passed:
+        a command that fails may be checked again when more input comes (a
+        restart may begin in it), and must not be counted twice.
+        """
         offsets: list[int] = []
         attrs = self._split(mv, p, end, where, offsets)
         sizes = _ATTR_SIZES[self.version]
         seen: set[int] = set()
+        problems: list[e.FormatError] = []
+        counted = 0
+        unsafe: list[e.FormatError] = []
         for (t, value), at in zip(attrs, offsets, strict=True):
             if t in seen:
                 raise where.error(e.DuplicateAttribute, "the attribute appears twice", at, t, "each attribute once")
             seen.add(t)
             if t not in sizes:
                 if not self.strict and self.problems.counts_only(e.UnknownAttribute):
-                    self.problems.tally()
+                    counted += 1
                     continue
                 problem = where.error(
                     e.UnknownAttribute, f"attribute type {t} is not defined in stream version {self.version}", at, t,
@@ -540,11 +548,11 @@ class Framer:
                 )  # fmt: skip
                 if self.strict:
                     raise problem
-                self.problems.append(problem)
+                problems.append(problem)
             elif (size := sizes[t]) is not None and len(value) != size:
                 raise where.error(e.AttributeSize, "the value has the wrong size", at, t, f"{size} bytes", len(value))
             elif self.check_names and t in _STRINGS and b"\0" in bytes(value):
-                self.warnings.append(
+                unsafe.append(
                     where.error(
                         e.UnsafeValue, "it holds a NUL byte, where btrfs receive would cut it and use another path",
                         at, t, "no NUL byte", f"a NUL at byte {bytes(value).index(0)}",
@@ -554,6 +562,11 @@ class Framer:
             raise where.error(
                 e.MissingAttribute, "a required attribute is absent", where.pos, min(required - seen), "present"
             )
+        for problem in problems:
+            self.problems.append(problem)
+        self.problems.tally(counted)
+        for warning in unsafe:
+            self.warnings.append(warning)
         return attrs
 
     def _too_large(self, pos: int, origin: int, length: int, cmd: int) -> e.FormatError:

@@ -30,37 +30,10 @@ CORPUS = ROOT / "tests" / "corpus"
 HARNESS = ROOT / "tools" / "fuzz.py"
 FILES = sorted(p for p in CORPUS.glob("*/*") if p.is_file())
 
-_6A = (
-    r"^Unbounded@(Framer\.problems|verify_file|ExtractReport\.skipped)$",
-    "6a: every unknown command or attribute is kept as a problem (memory grows with the input)",
-)
-_RESTART = (
-    r"^Mismatch@Decoder\.chunking\(",
-    "new: a restart header that begins in the last bytes of the command before it is missed when a read ends "
-    "inside the header (the verdict depends on read boundaries)",
-)
-_7B = (r"^error@layout\.decode_value$", "7b: an attribute the version does not define, decoded with the global size")
 _6C = (r"^Unbounded@downgrade$", "6c: convert --to-version 1 writes zeros over the whole punched hole")
-_HELLO = (r"@session\.SessionReceiver\._hello$", "4: a malformed session hello crashes the receiver")
-_ANSWER = (r"@session\.(SessionReceiver\._hello|SessionSender\._session)$", "4: a malformed answer crashes the sender")
 # "TARGET/FILE" -> (the crash signatures expected, as a regular expression; the finding) for
 # the entries that crash today; another crash of such an entry fails the test
 XFAIL: dict[str, tuple[str, str]] = {
-    **{
-        f"{target}/{name}": _6A
-        for target in ("decoder", "repair", "changes", "dump", "convert", "extract")
-        for name in ("issue-header-and-zeros", "issue-unknown-attributes")
-    },
-    "decoder/crash-restart-header-cut-by-read-boundary": _RESTART,
-    "decoder/crash-restart-header-cut-by-read-boundary-at-end": _RESTART,
-    "decoder/crash-problem-recorded-twice-across-reads": (
-        r"^Mismatch@Decoder\.chunking\(problems\)$",
-        "new: a lenient problem is recorded again each time a failing command is retried after more input "
-        "(its last bytes could start a restart header)",
-    ),
-    "decoder/issue-v1-subvol-attribute-30-of-2-bytes": _7B,
-    "dump/issue-v1-chmod-attribute-30-of-2-bytes": _7B,
-    "dump/crash-v1-snapshot-fileattr-of-2-bytes": _7B,
     "changes/issue-mknod-mode-2-63": (r"^OverflowError@changes\.", "7c: a MKNOD mode that does not fit a C int"),
     "convert/issue-punched-hole-of-2-62": _6C,
     "convert/crash-punch-hole-of-2-56-unknown-size": _6C,
@@ -68,27 +41,6 @@ XFAIL: dict[str, tuple[str, str]] = {
         r"^error@layout\.encode_value$",
         "new: convert --to-version 1 turns a FALLOCATE whose offset + size passes 2^64 into a TRUNCATE it "
         "cannot encode (struct.error)",
-    ),
-    "extract/issue-directory-chain-1000-deep": (
-        r"^RecursionError@extract\.",
-        "7a: RecursionError in _Tree.directory()",
-    ),
-    "session/issue-hello-bad-json": _HELLO,
-    "session/issue-hello-list": _HELLO,
-    "session/issue-hello-string": _HELLO,
-    "session/issue-hello-deep-nesting": _HELLO,
-    "session/issue-hello-not-utf8": _HELLO,
-    "session/issue-answer-bad-json": _ANSWER,
-    "session/issue-answer-verified-not-integer": _ANSWER,
-    "session/crash-answer-without-verified": _ANSWER,
-    "session/issue-status-superscript-two": (
-        r"@session\.(parse_status|SessionSender\._session)$",
-        "4: a status code that isdigit() accepts and int() does not",
-    ),
-    "session/issue-token-stream-list": (r"@session\.", "11: send --resume with a token whose stream is a JSON list"),
-    "session/crash-token-payload-not-json": (
-        r"@resume\.read_token$",
-        "11: a resume token whose (authenticated) payload is not JSON",
     ),
 }
 

@@ -85,6 +85,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 import zlib
 from collections.abc import Callable, Iterator
@@ -128,6 +129,7 @@ with instrumented:
         STATUS_PREFIX,
         SessionReceiver,
         SessionSender,
+        open_connection,
         parse_status,
         stream_identity,
     )
@@ -150,25 +152,10 @@ TOKEN_KEY = bytes(range(32))
 # check) of the findings of issue 11 known today; ``--skip-known`` lets a run
 # go past them. Remove an entry when its fix lands.
 KNOWN: dict[str, str] = {
-    "Unbounded@Framer.problems": "6a: every unknown command or attribute kept as a problem",
-    "Unbounded@verify_file": "6a: every unknown command or attribute kept as a problem",
-    "Unbounded@ExtractReport.skipped": "6a: extract keeps a Skipped for every unknown command",
     "Unbounded@downgrade": "6c: convert --to-version 1 writes zeros over a punched hole of any size",
     "error@layout.encode_value": "new: convert --to-version 1 turns a FALLOCATE whose offset + size passes 2^64 "
     "into a TRUNCATE it cannot encode (struct.error)",
-    "RecursionError@extract._Tree.directory": "7a: extract of a 1,000-deep directory chain",
-    "error@layout.decode_value": "7b: an attribute the version does not define, decoded with the global size",
     "OverflowError@changes._device_kind": "7c: a MKNOD mode that does not fit a C int",
-    "*@session.SessionReceiver._hello": "4: a malformed session hello crashes the receiver",
-    "*@session.SessionSender._session": "4: a malformed answer crashes the sender",
-    "*@session.parse_status": "4: a status code that isdigit() accepts and int() does not",
-    "*@session._describe": "11: a resume token whose stream is not an object",
-    "*@resume.read_token": "11: a resume token whose (authenticated) payload is not the JSON expected",
-    "Mismatch@Decoder.chunking(restart/CommandTooLarge)": "new: a restart header that begins in the last bytes "
-    "of the command before it is missed when a read ends inside the header",
-    "Mismatch@Decoder.chunking(TruncatedStream/CommandTooLarge)": "new: the same, at the end of the input",
-    "Mismatch@Decoder.chunking(problems)": "new: a lenient problem is recorded again each time a failing "
-    "command is retried after more input (its last bytes could start a restart header)",
 }
 
 
@@ -730,13 +717,15 @@ def _no_connect() -> Any:
 
 
 def receiver_hello(data: bytes) -> None:
-    """The receiver's side: the first line of a new connection."""
+    """The receiver's side: the first words of a new connection (within a deadline)."""
     ours, theirs = socket.socketpair()
     with ours, theirs:
         ours.sendall(_lines(data))
         ours.shutdown(socket.SHUT_WR)
-        session = SessionReceiver(PlainChannel(theirs))
-        session.close()
+        opening = open_connection(
+            theirs, lambda sock, seconds: PlainChannel(sock), time.monotonic() + 5, timeout=5, idle_timeout=5
+        )
+        SessionReceiver(opening).close()
 
 
 def sender_answer(data: bytes) -> None:
