@@ -33,21 +33,29 @@ is sent for every inode whose ctime changed and for the directories around
 a changed name, so ``times`` may appear with the same times as before;
 kinds of pre-existing files are known only when a command shows them
 (``rmdir``: a directory, file data: a regular file); else ``None``.
+
+Memory: the names of one subvolume (``max_names``, see :mod:`sendstream.paths`)
+and its changes, whose paths count against ``max_held`` bytes; a subvolume's
+changes are handed out when it ends (:func:`each_subvolume`), and the
+presentation functions write them one at a time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import heapq
 import json
 import stat
 from collections.abc import Iterable, Iterator
-from typing import Any
+from operator import attrgetter, itemgetter
+from typing import Any, NamedTuple
 
 from . import errors as e
 from .command import Command
-from .decoder import Restart
+from .decoder import EndOfInput, Restart
 from .dump import escape, json_bytes
-from .paths import Inode, PathTracker
+from .paths import MAX_HELD, MAX_NAMES, Inode, PathTracker, limit_error
 
 __all__ = [
     "Change",
@@ -56,9 +64,12 @@ __all__ = [
     "SubvolumeChanges",
     "changes",
     "diff_json",
+    "diff_json_pieces",
     "diff_lines",
+    "each_subvolume",
     "json_line",
     "ls_json",
+    "ls_json_pieces",
     "ls_lines",
 ]
 
@@ -81,7 +92,8 @@ class Change:
 
     ``path`` is the final path (None when ``deleted`` or ``transient``),
     ``old_path`` the path in the parent snapshot (None for a new name; for a
-    transient name, the path it had when removed). ``kind`` is ``file``,
+    transient name, its last one: where it was removed, under its directory's
+    final place if that moved after). ``kind`` is ``file``,
     ``dir``, ``symlink``, ``fifo``, ``socket``, ``chardev``, ``blockdev`` or
     None when the stream does not show it.
     """
@@ -99,12 +111,31 @@ class Change:
         return self.path if self.path is not None else self.old_path or b""
 
 
-@dataclasses.dataclass(slots=True)
-class _InodeInfo:
+class _InodeInfo(NamedTuple):
+    """What the commands did to one inode (on :attr:`Inode.info`; :func:`_after`
+    gives one shared instance per distinct value, so millions of inodes cost no more)."""
+
     created: bool = False
     kind: str | None = None
     data: bool = False
-    metadata: set[str] = dataclasses.field(default_factory=set)
+    metadata: tuple[str, ...] = ()  # sorted
+
+
+_NOTHING = _InodeInfo()
+
+
+@functools.cache
+def _after(info: _InodeInfo, command: str, kind: str | None) -> _InodeInfo:
+    """What ``info`` becomes after ``command`` (``kind``: what MKNOD makes)."""
+    if command in _CREATE_KIND or command == "mknod":
+        return info._replace(created=True, kind=_CREATE_KIND.get(command) or kind)
+    if command in DATA_COMMANDS:
+        return info._replace(data=True, kind=info.kind or "file")
+    if command in METADATA_COMMANDS:
+        return info._replace(metadata=tuple(sorted({*info.metadata, METADATA_COMMANDS[command]})))
+    if command == "rmdir":
+        return info._replace(kind="dir")
+    return info
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -135,25 +166,29 @@ class SubvolumeChanges:
         return Diff(added, removed, renamed, modified, metadata)
 
 
-class ChangeTracker:
-    """Sans-IO: :meth:`feed` commands; :meth:`finish` at the end of each subvolume."""
+# What a path costs in a change besides its bytes (a bytes object), against max_held.
+_BYTES = 33
 
-    def __init__(self) -> None:
-        self.tracker = PathTracker()
-        self._info: dict[int, _InodeInfo] = {}
-        self._removed_at: dict[int, bytes] = {}
-        self._parents: set[int] = set()
+
+class ChangeTracker:
+    """Sans-IO: :meth:`feed` commands; :meth:`finish` at the end of each subvolume.
+
+    What the commands did is kept on the tracker's inodes, so it goes with
+    them when a subvolume starts. A subvolume has at most one change per
+    name (``max_names``, see :mod:`sendstream.paths`); the paths in its
+    changes count against ``max_held`` bytes.
+    """
+
+    def __init__(self, *, max_names: int = MAX_NAMES, max_held: int = MAX_HELD) -> None:
+        self.tracker = PathTracker(max_names=max_names)
+        self.max_held = max_held
         self.incremental = False
         self.started = False
-
-    def _of(self, inode: Inode) -> _InodeInfo:
-        info = self._info.get(id(inode))
-        if info is None:
-            info = self._info[id(inode)] = _InodeInfo()
-        return info
+        self._last: Command | None = None
 
     def feed(self, command: Command) -> SubvolumeChanges | None:
         """Follow one command; returns the finished subvolume at END or at a new SUBVOL/SNAPSHOT."""
+        self._last = command
         name = command.name
         done = None
         if name in ("subvol", "snapshot"):
@@ -163,65 +198,57 @@ class ChangeTracker:
             self.started = True
         touched = self.tracker.feed(command)
         if touched is not None:
-            info = self._of(touched.entry.inode)
-            if name in _CREATE_KIND or name == "mknod":
-                info.created = True
-                info.kind = _CREATE_KIND.get(name) or _device_kind(int(command.get("mode", 0)))
-            elif name in DATA_COMMANDS:
-                info.data = True
-                info.kind = info.kind or "file"
-            elif name in METADATA_COMMANDS:
-                info.metadata.add(METADATA_COMMANDS[name])
-            elif name == "rmdir":
-                info.kind = "dir"
-                self._removed_at[id(touched.entry)] = touched.path
-            elif name == "unlink":
-                self._removed_at[id(touched.entry)] = touched.path
+            inode = touched.entry.inode
+            kind = _device_kind(int(command.get("mode", 0))) if name == "mknod" else None
+            inode.info = _after(inode.info or _NOTHING, name, kind)
         if name == "end":
             done = self.finish()
         return done
 
     def finish(self) -> SubvolumeChanges:
         """The changes of the current subvolume; the tracker then starts afresh."""
+        held = _Held(self.max_held, self._last)
         out: list[Change] = []
-        seen: set[int] = set()
-        self._parents = {id(p) for en in self.tracker.entries for p in (en.parent, en.origin_parent) if p is not None}
         for entry in self.tracker.entries:
             inode = entry.inode
-            if id(inode) in seen:
-                continue
-            seen.add(id(inode))
-            out.extend(self._inode_changes(inode))
-        out.sort(key=lambda c: (c.sort_key, c.action))
+            if inode.first is not entry:
+                continue  # an inode is looked at once, with all its names
+            for change in self._inode_changes(inode):
+                paths = (change.path, change.old_path, change.link_to)
+                held.charge(sum(_BYTES + len(p) for p in paths if p is not None))
+                out.append(change)
+        out.sort(key=attrgetter("action"))
+        out.sort(key=attrgetter("sort_key"))  # stable: by path, then action
         result = SubvolumeChanges(self.tracker.subvolume, self.incremental, out)
         self.tracker.start(b"", None)
         self.tracker.subvolume = None
-        self._info.clear()
-        self._removed_at.clear()
         self.started = False
         return result
 
     def _inode_changes(self, inode: Inode) -> Iterator[Change]:
-        info = self._info.get(id(inode)) or _InodeInfo()
+        info: _InodeInfo = inode.info or _NOTHING
+        entries = inode.entries
+        if info == _NOTHING and all(en.origin_name is not None and en.alive and not en.moved for en in entries):
+            return  # names that were there before, still in place, and nothing done to them
         kind = info.kind
-        if kind is None and any(id(en) in self._parents for en in inode.entries):
+        if kind is None and any(en.is_parent for en in entries):
             kind = "dir"
-        meta = tuple(sorted(info.metadata))
-        alive = sorted((p, en) for en in inode.entries if (p := en.path()) is not None)
+        meta = info.metadata
+        alive = sorted(((en.last_path(), en) for en in entries if en.alive), key=itemgetter(0))
         if info.created:
             if not alive:
-                for en in inode.entries:
-                    yield Change("transient", None, self._removed_at.get(id(en)), kind, info.data, meta)
+                for en in entries:
+                    yield Change("transient", None, en.last_path(), kind, info.data, meta)
                 return
             first = alive[0][0]
             yield Change("created", first, None, kind, info.data, meta)
             for p, _ in alive[1:]:
                 yield Change("linked", p, None, kind, link_to=first)
             return
-        gone = [en for en in inode.entries if en.origin is not None and en.path() is None]
-        new = [(p, en) for p, en in alive if en.origin is None]
-        moved = [(p, en) for p, en in alive if en.origin is not None and en.moved]
-        kept = [(p, en) for p, en in alive if en.origin is not None and not en.moved]
+        gone = [en for en in entries if en.origin_name is not None and not en.alive]
+        new = [(p, en) for p, en in alive if en.origin_name is None]
+        moved = [(p, en) for p, en in alive if en.origin_name is not None and en.moved]
+        kept = [(p, en) for p, en in alive if en.origin_name is not None and not en.moved]
         for old, (p, _) in zip(gone, new, strict=False):
             yield Change("renamed", p, old.origin, kind, info.data, meta)
         for old in gone[len(new) :]:
@@ -237,33 +264,68 @@ class ChangeTracker:
                 yield Change("modified" if info.data else "metadata", p, p, kind, info.data, meta)
 
 
+class _Held:
+    """Bytes of paths held until a subvolume's changes are printed, against ``max_held``."""
+
+    def __init__(self, limit: int, command: Command | None) -> None:
+        self.limit = limit
+        self.command = command
+        self.bytes = 0
+
+    def charge(self, nbytes: int) -> None:
+        self.bytes += nbytes
+        if self.bytes > self.limit:
+            raise limit_error(
+                f"the paths of one subvolume's changes need more than {self.limit} bytes until they are printed",
+                self.limit,
+                "--max-held",
+                self.command,
+            )
+
+
+_S_IFMT = 0o170000
+_DEVICE_KINDS = {stat.S_IFCHR: "chardev", stat.S_IFBLK: "blockdev", stat.S_IFIFO: "fifo", stat.S_IFSOCK: "socket"}
+
+
 def _device_kind(mode: int) -> str:
-    if stat.S_ISCHR(mode):
-        return "chardev"
-    if stat.S_ISBLK(mode):
-        return "blockdev"
-    if stat.S_ISFIFO(mode):
-        return "fifo"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    return "device"
+    # MODE is a u64 on the wire: mask in Python (stat.S_IS*() take a C mode_t).
+    return _DEVICE_KINDS.get(mode & _S_IFMT, "device")
 
 
-def changes(events: Iterable[Any]) -> Iterator[SubvolumeChanges]:
-    """The changes of every subvolume of ``events`` (e.g. :func:`sendstream.files.file_events`)."""
-    tracker = ChangeTracker()
+def each_subvolume(
+    events: Iterable[Any], *, max_names: int = MAX_NAMES, max_held: int = MAX_HELD
+) -> Iterator[tuple[SubvolumeChanges, bool]]:
+    """The changes of every subvolume of ``events``, each with whether the
+    input has several subvolumes: known when the next event after it is
+    read, so only one subvolume's changes are held at a time."""
+    tracker = ChangeTracker(max_names=max_names, max_held=max_held)
+    ready: SubvolumeChanges | None = None
+    several = False
     for event in events:
+        if ready is not None:
+            several = several or not isinstance(event, EndOfInput)
+            yield ready, several
+            ready = None
         if isinstance(event, Restart):
             raise e.StreamRestarted(
                 f"a new stream header after {event.commands} commands: repair the stream first",
                 offset=event.offset,
             )
         if isinstance(event, Command):
-            done = tracker.feed(event)
-            if done is not None:
-                yield done
+            ready = tracker.feed(event)
+            several = several or (ready is not None and event.name != "end")  # a SUBVOL ended the one before
+    if ready is not None:
+        yield ready, several
     if tracker.started:
-        yield tracker.finish()
+        yield tracker.finish(), several
+
+
+def changes(
+    events: Iterable[Any], *, max_names: int = MAX_NAMES, max_held: int = MAX_HELD
+) -> Iterator[SubvolumeChanges]:
+    """The changes of every subvolume of ``events`` (e.g. :func:`sendstream.files.file_events`)."""
+    for result, _ in each_subvolume(events, max_names=max_names, max_held=max_held):
+        yield result
 
 
 # --- presentation ---------------------------------------------------------------
@@ -297,22 +359,21 @@ def ls_lines(result: SubvolumeChanges) -> Iterator[bytes]:
         yield line + _flags(c) + b"\n"
 
 
+def _hard_link(change: Change) -> bytes:
+    return b"" if change.link_to is None else b" (hard link to " + _show(change.link_to) + b")"
+
+
 def diff_lines(diff: Diff) -> Iterator[bytes]:
-    """Text in the manner of ``git diff --name-status``: A, D, R (old -> new), M (data), m (metadata only)."""
-    rows: list[tuple[bytes, bytes]] = []
-    for c in diff.added:
-        extra = b" (hard link to " + _show(c.link_to) + b")" if c.link_to is not None else b""
-        rows.append((c.sort_key, b"A " + _show(c.path) + extra))
-    for c in diff.removed:
-        rows.append((c.sort_key, b"D " + _show(c.old_path)))
-    for c in diff.renamed:
-        rows.append((c.sort_key, b"R " + _show(c.old_path) + b" -> " + _show(c.path) + _flags(c)))
-    for c in diff.modified:
-        if c.action != "renamed":
-            rows.append((c.sort_key, b"M " + _show(c.path) + _flags(c)))
-    for c in diff.metadata:
-        rows.append((c.sort_key, b"m " + _show(c.path) + _flags(c)))
-    for _, row in sorted(rows):
+    """Text in the manner of ``git diff --name-status``: A, D, R (old -> new), M (data), m (metadata only).
+
+    Rows come sorted by path (then by text), merged from the lists of ``diff``,
+    which are sorted already: nothing is copied."""
+    added = ((c.sort_key, b"A " + _show(c.path) + _hard_link(c)) for c in diff.added)
+    removed = ((c.sort_key, b"D " + _show(c.old_path)) for c in diff.removed)
+    renamed = ((c.sort_key, b"R " + _show(c.old_path) + b" -> " + _show(c.path) + _flags(c)) for c in diff.renamed)
+    modified = ((c.sort_key, b"M " + _show(c.path) + _flags(c)) for c in diff.modified if c.action != "renamed")
+    metadata = ((c.sort_key, b"m " + _show(c.path) + _flags(c)) for c in diff.metadata)
+    for _, row in heapq.merge(added, removed, renamed, modified, metadata):
         yield row + b"\n"
 
 
@@ -330,42 +391,84 @@ def _change_json(c: Change) -> dict[str, Any]:
     return out
 
 
-def ls_json(result: SubvolumeChanges) -> dict[str, Any]:
-    """A JSON-ready dict: subvolume, incremental, and every change."""
+def _head(result: SubvolumeChanges) -> dict[str, Any]:
     return {
         "subvolume": None if result.subvolume is None else json_bytes(result.subvolume),
         "incremental": result.incremental,
-        "changes": [_change_json(c) for c in result.changes],
     }
+
+
+_Lists = list[tuple[str, Iterable[dict[str, Any]]]]
+
+
+def _ls_lists(result: SubvolumeChanges) -> _Lists:
+    return [("changes", map(_change_json, result.changes))]
+
+
+def _diff_lists(result: SubvolumeChanges) -> _Lists:
+    d = result.diff()
+    return [
+        (
+            "added",
+            (
+                {"path": json_bytes(c.path or b""), "kind": c.kind}
+                | ({"link_to": json_bytes(c.link_to)} if c.link_to is not None else {})
+                for c in d.added
+            ),
+        ),
+        ("removed", ({"path": json_bytes(c.old_path or b""), "kind": c.kind} for c in d.removed)),
+        (
+            "renamed",
+            (
+                {
+                    "from": json_bytes(c.old_path or b""),
+                    "to": json_bytes(c.path or b""),
+                    "kind": c.kind,
+                    "data": c.data,
+                    "metadata": list(c.metadata),
+                }
+                for c in d.renamed
+            ),
+        ),
+        ("modified", ({"path": json_bytes(c.path or b""), "metadata": list(c.metadata)} for c in d.modified)),
+        ("metadata", ({"path": json_bytes(c.path or b""), "metadata": list(c.metadata)} for c in d.metadata)),
+    ]
+
+
+def ls_json(result: SubvolumeChanges) -> dict[str, Any]:
+    """A JSON-ready dict: subvolume, incremental, and every change."""
+    return _head(result) | {name: list(items) for name, items in _ls_lists(result)}
 
 
 def diff_json(result: SubvolumeChanges) -> dict[str, Any]:
     """A JSON-ready dict: added, removed, renamed (from, to), modified, metadata."""
-    d = result.diff()
-    return {
-        "subvolume": None if result.subvolume is None else json_bytes(result.subvolume),
-        "incremental": result.incremental,
-        "added": [
-            {"path": json_bytes(c.path or b""), "kind": c.kind}
-            | ({"link_to": json_bytes(c.link_to)} if c.link_to is not None else {})
-            for c in d.added
-        ],
-        "removed": [{"path": json_bytes(c.old_path or b""), "kind": c.kind} for c in d.removed],
-        "renamed": [
-            {
-                "from": json_bytes(c.old_path or b""),
-                "to": json_bytes(c.path or b""),
-                "kind": c.kind,
-                "data": c.data,
-                "metadata": list(c.metadata),
-            }
-            for c in d.renamed
-        ],
-        "modified": [{"path": json_bytes(c.path or b""), "metadata": list(c.metadata)} for c in d.modified],
-        "metadata": [{"path": json_bytes(c.path or b""), "metadata": list(c.metadata)} for c in d.metadata],
-    }
+    return _head(result) | {name: list(items) for name, items in _diff_lists(result)}
+
+
+def ls_json_pieces(result: SubvolumeChanges) -> Iterator[bytes]:
+    """``json_line(ls_json(result))`` in pieces, one change at a time."""
+    return _json_pieces(_head(result), _ls_lists(result))
+
+
+def diff_json_pieces(result: SubvolumeChanges) -> Iterator[bytes]:
+    """``json_line(diff_json(result))`` in pieces, one entry at a time."""
+    return _json_pieces(_head(result), _diff_lists(result))
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def _json_pieces(head: dict[str, Any], lists: _Lists) -> Iterator[bytes]:
+    yield _dumps(head)[:-1].encode()  # without its closing brace
+    for n, (name, items) in enumerate(lists):
+        yield (("," if head or n else "") + _dumps(name) + ":[").encode()
+        for i, item in enumerate(items):
+            yield (("," if i else "") + _dumps(item)).encode()
+        yield b"]"
+    yield b"}\n"
 
 
 def json_line(obj: dict[str, Any]) -> bytes:
     """One object as a line of JSON."""
-    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+    return _dumps(obj).encode() + b"\n"

@@ -48,6 +48,31 @@ def _max_size_option(f: Any) -> Any:
     )(f)
 
 
+def _tracker_options(f: Any) -> Any:
+    """--max-names and --max-held, for the commands that follow names to the end of a subvolume
+    (None: the defaults of sendstream.paths, loaded only when the command runs)."""
+    f = click.option(
+        "--max-held",
+        type=click.IntRange(min=1),
+        default=None,
+        metavar="BYTES",
+        help="Most bytes of results held until a subvolume ends: records, changes, their paths (default: 64 MiB).",
+    )(f)
+    return click.option(
+        "--max-names",
+        type=click.IntRange(min=1),
+        default=None,
+        metavar="N",
+        help="Most names followed in one subvolume; every directory above a path counts (default: 1,000,000).",
+    )(f)
+
+
+def _tracker_limits(max_names: int | None, max_held: int | None) -> dict[str, int]:
+    from .paths import MAX_HELD, MAX_NAMES
+
+    return {"max_names": max_names or MAX_NAMES, "max_held": max_held or MAX_HELD}
+
+
 def _tls_options(leg: str = "", of: str = "") -> Callable[[Any], Any]:
     """--tls, --key and --identity; for a leg of a relay --LEG-tls, --LEG-key and --LEG-identity
     (parameters LEG_mode, LEG_key_file, LEG_identity), whose help ends with ``of``."""
@@ -317,21 +342,26 @@ def convert(source: str, target: str, to_version: int | None, max_command_size: 
     _warn(framer.problems)
 
 
-def _subvolume_changes(stream: str, max_command_size: int | None) -> list[Any]:
-    from .changes import changes
+def _subvolume_changes(
+    stream: str, max_command_size: int | None, max_names: int | None, max_held: int | None
+) -> Iterator[tuple[Any, bool]]:
+    """Each subvolume's changes as soon as they are known, and whether there are several."""
+    from .changes import each_subvolume
 
     framer = Framer(max_command_size=max_command_size)
     with open_input(stream) as source:
-        results = list(changes(file_events(source, framer)))
+        yield from each_subvolume(file_events(source, framer), **_tracker_limits(max_names, max_held))
     _warn(framer.problems)
-    return results
 
 
 @cli.command(name="ls")
 @click.argument("stream", default="-")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines: one object per subvolume.")
+@_tracker_options
 @_max_size_option
-def ls_command(stream: str, as_json: bool, max_command_size: int | None) -> None:
+def ls_command(
+    stream: str, as_json: bool, max_names: int | None, max_held: int | None, max_command_size: int | None
+) -> None:
     """List every path STREAM (a file or -) touches, with the kind of change.
 
     One line per name, under its final path: created, linked (a new hard
@@ -340,16 +370,15 @@ def ls_command(stream: str, as_json: bool, max_command_size: int | None) -> None
     btrfs' temporary names never show: a file created as o257-5-0 and
     renamed into place is `created` at its final path.
     """
-    from .changes import json_line, ls_json, ls_lines
+    from .changes import ls_json_pieces, ls_lines
 
     out = sys.stdout.buffer
-    results = _subvolume_changes(stream, max_command_size)
     try:
-        for result in results:
+        for result, several in _subvolume_changes(stream, max_command_size, max_names, max_held):
             if as_json:
-                out.write(json_line(ls_json(result)))
+                out.writelines(ls_json_pieces(result))
                 continue
-            if len(results) > 1:
+            if several:
                 out.write(b"== " + (result.subvolume or b"-") + b" ==\n")
             out.writelines(ls_lines(result))
     finally:
@@ -359,8 +388,9 @@ def ls_command(stream: str, as_json: bool, max_command_size: int | None) -> None
 @cli.command()
 @click.argument("stream", default="-")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines: one object per subvolume.")
+@_tracker_options
 @_max_size_option
-def diff(stream: str, as_json: bool, max_command_size: int | None) -> None:
+def diff(stream: str, as_json: bool, max_names: int | None, max_held: int | None, max_command_size: int | None) -> None:
     """What the incremental STREAM (a file or -) changes against its parent.
 
     Text, as `git diff --name-status`: A added (a new hard link says to
@@ -369,19 +399,18 @@ def diff(stream: str, as_json: bool, max_command_size: int | None) -> None:
     [data mode,owner,times,xattrs,fileattr]. --json: added, removed,
     renamed (from, to), modified, metadata.
     """
-    from .changes import diff_json, diff_lines, json_line
+    from .changes import diff_json_pieces, diff_lines
 
     out = sys.stdout.buffer
-    results = _subvolume_changes(stream, max_command_size)
     try:
-        for result in results:
+        for result, several in _subvolume_changes(stream, max_command_size, max_names, max_held):
             if not result.incremental:
                 name = (result.subvolume or b"-").decode(errors="replace")
                 click.echo(f"sendstream: warning: {name} is a full stream: everything is added", err=True)
             if as_json:
-                out.write(json_line(diff_json(result)))
+                out.writelines(diff_json_pieces(result))
                 continue
-            if len(results) > 1:
+            if several:
                 out.write(b"== " + (result.subvolume or b"-") + b" ==\n")
             out.writelines(diff_lines(result.diff()))
     finally:
@@ -939,15 +968,19 @@ def extract(
 @cli.command()
 @click.argument("stream", default="-")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines: one object per command.")
+@_tracker_options
 @_max_size_option
-def paths(stream: str, as_json: bool, max_command_size: int | None) -> None:
+def paths(
+    stream: str, as_json: bool, max_names: int | None, max_held: int | None, max_command_size: int | None
+) -> None:
     """Print each command of STREAM (a file or -) with the final path it affects.
 
     btrfs send makes files under temporary names (o<ino>-<gen>-<seq>) and
     renames them later; each command is shown with the path its file has
     once its subvolume is done (- when the file is gone, . for the root),
     and was=PATH when the command named another. Output for a subvolume
-    comes when its END is read.
+    comes when its END is read; a command without a path (one the library
+    does not know) is printed at once.
     """
     from .paths import record_json_line, record_line, resolve
 
@@ -956,7 +989,7 @@ def paths(stream: str, as_json: bool, max_command_size: int | None) -> None:
     line = record_json_line if as_json else record_line
     with open_input(stream) as source:
         try:
-            for record in resolve(file_events(source, framer)):
+            for record in resolve(file_events(source, framer), **_tracker_limits(max_names, max_held)):
                 out.write(line(record))
         finally:
             out.flush()

@@ -15,10 +15,10 @@ What "final" means, for a tool that reads a stream once
     it. :meth:`PathTracker.feed` therefore returns a :class:`Touched` record
     with the path at that moment and :class:`Entry` handles; a handle's
     :meth:`Entry.final_path` is the path at the time it is asked, which is
-    the final one once the subvolume is done. :func:`resolve` does the
-    buffering for a whole input: it holds one small record per command of
-    the current subvolume (never data) and yields them with their final
-    paths when the subvolume ends.
+    the final one once the subvolume is done. :class:`PathResolver` (and
+    :func:`resolve`) does the buffering for a whole input: it holds a
+    compact record per command of the current subvolume (never data) and
+    hands them out with their final paths when the subvolume ends.
 
     An entry that was unlinked or rmdir'ed has no final path of its own; a
     file that lives on under another hard link reports that name (the
@@ -31,11 +31,25 @@ Known limits
     only. Clones from another subvolume name a path in that subvolume; it
     is reported as given (:attr:`Touched.clone_source`).
 
+Memory
+    Each name the stream uses, made-up ancestors of a path included, is one
+    :class:`Entry` (and usually one :class:`Inode`): 140-200 bytes, and the
+    name itself (a bytes object: 33 bytes and its length). A name is stored
+    once: paths share their prefixes, and are built only when asked. No
+    subvolume may use more than ``max_names`` names (a name longer than
+    :data:`NAME_UNIT` bytes counts once per started :data:`NAME_UNIT`
+    bytes), else :class:`~sendstream.errors.LimitExceeded`. What waits for
+    the end of a subvolume (the records of :class:`PathResolver`, the paths
+    of the changes of :mod:`sendstream.changes`, ~100 bytes a change besides)
+    counts against ``max_held`` bytes. So memory stays under ``max_names``
+    x 400 bytes plus ``max_held``, whatever the input's length.
+
 For :mod:`sendstream.changes`, the tracker also keeps every entry of the
 subvolume (:attr:`PathTracker.entries`, the removed ones included) and, for
-an entry the stream did not create, its path and parent directory in the
-parent snapshot (:attr:`Entry.origin`, :attr:`Entry.origin_parent`), so a
-name's old and new places can be compared when the subvolume ends.
+an entry the stream did not create, its parent directory and name in the
+parent snapshot (:attr:`Entry.origin_parent`, :attr:`Entry.origin_name`,
+from which :attr:`Entry.origin` builds its path there), so a name's old and
+new places can be compared when the subvolume ends.
 
 :class:`Statistics` counts commands and bytes per command kind of each
 stream of an input; :func:`record_line`, :func:`record_json` and
@@ -47,20 +61,46 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
+from array import array
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import errors as e
 from .command import Command
 from .decoder import Restart, StreamHeader
 from .dump import escape, json_bytes
-from .layout import A_DATA, COMMAND_HEADER_SIZE, TLV_HEADER_SIZE, TLV_TYPE
+from .layout import (
+    A_DATA,
+    ATTRIBUTE_NUMBERS,
+    COMMAND_HEADER_SIZE,
+    COMMAND_NUMBERS,
+    TLV_HEADER_SIZE,
+    TLV_TYPE,
+    command_name,
+)
 
 # Commands that make a new entry, remove one, or start a new name space.
 _CREATE = frozenset({"mkfile", "mkdir", "mknod", "mkfifo", "mksock", "symlink"})
 _REMOVE = frozenset({"unlink", "rmdir"})
 _SUBVOLUME = frozenset({"subvol", "snapshot"})
 _ORPHAN_PREFIX = b"o"
+_A_PATH, _A_PATH_TO, _A_PATH_LINK, _A_CLONE_PATH = (
+    ATTRIBUTE_NUMBERS[n] for n in ("path", "path_to", "path_link", "clone_path")
+)
+
+# A name longer than this counts once per started NAME_UNIT bytes against max_names.
+NAME_UNIT = 64
+# Names per subvolume: the tracker takes 140-200 bytes a name besides the name
+# (a deep chain of short names the least, a directory of many the most) and
+# `ls` and `diff` ~100 more for its change. At this limit, with 64-byte names,
+# `ls` peaks at 243 MB (VmPeak) of the 300 MB that tests/test_limits.py allows,
+# 270 MB with max_held full. Snapshots of 400k files and directories go through
+# (the benchmark's metadata stream has ~137k); --max-names raises it.
+MAX_NAMES = 400_000
+# Bytes held until a subvolume ends: `paths` records (46 bytes each and the part
+# of their path that differs from the record before: ~1.4 M commands) and the
+# paths of the changes of `ls` and `diff` (33 bytes each and the path).
+MAX_HELD = 64 << 20
 
 
 def is_temporary_name(name: bytes) -> bool:
@@ -71,18 +111,71 @@ def is_temporary_name(name: bytes) -> bool:
     return len(parts) == 3 and all(p.isdigit() for p in parts)
 
 
+def limit_error(message: str, limit: int, option: str, command: Command | None) -> e.LimitExceeded:
+    """A :class:`~sendstream.errors.LimitExceeded` at ``command`` (None: no place)."""
+    if command is None or command.offset < 0:
+        return e.LimitExceeded(message, limit=limit, option=option)
+    return e.LimitExceeded(
+        message, limit=limit, option=option, offset=command.offset, index=command.index, command=command.name
+    )
+
+
 class Inode:
-    """One inode as far as the stream shows it: the entries that name it."""
+    """One inode as far as the stream shows it: the entries that name it.
 
-    __slots__ = ("entries", "ino")
+    ``info`` belongs to the tracker's user (what :mod:`sendstream.changes`
+    saw done to the inode, the size :mod:`sendstream.downgrade` knows).
+    """
 
-    def __init__(self, ino: int | None = None) -> None:
-        self.ino = ino
-        self.entries: list[Entry] = []
+    __slots__ = ("_entries", "info")
+
+    def __init__(self) -> None:
+        self.info: Any = None
+        # Most inodes have one name: the entry itself, a list only for hard links.
+        self._entries: Entry | list[Entry] | None = None
+
+    @property
+    def entries(self) -> list[Entry]:
+        """Every entry that named this inode, in creation order."""
+        held = self._entries
+        if held is None:
+            return []
+        return list(held) if isinstance(held, list) else [held]
+
+    @property
+    def first(self) -> Entry | None:
+        """The first entry that named this inode."""
+        held = self._entries
+        return held[0] if isinstance(held, list) else held
+
+    def _add(self, entry: Entry) -> None:
+        held = self._entries
+        if held is None:
+            self._entries = entry
+        elif isinstance(held, list):
+            held.append(entry)
+        else:
+            self._entries = [held, entry]
 
     def final_paths(self) -> list[bytes]:
         """Every path that names this inode now, sorted."""
         return sorted(p for e in self.entries if (p := e.path()) is not None)
+
+
+_JOIN_PARTS = 256
+
+
+def _joined(names: list[bytes]) -> bytes:
+    """``names`` (from the file up to the top directory) as a path. bytes.join
+    takes ~90 bytes per part while it works: a deep path is joined in pieces."""
+    names.reverse()
+    if len(names) <= _JOIN_PARTS:
+        return b"/".join(names)
+    return b"/".join([b"/".join(names[i : i + _JOIN_PARTS]) for i in range(0, len(names), _JOIN_PARTS)])
+
+
+# The children of a directory whose last child went: shared, never changed.
+_NO_CHILDREN: dict[bytes, Entry] = {}
 
 
 class Entry:
@@ -93,39 +186,89 @@ class Entry:
     that command's file went.
     """
 
-    __slots__ = ("alive", "children", "inode", "name", "origin", "origin_parent", "parent")
+    __slots__ = ("_children", "alive", "inode", "name", "origin_name", "origin_parent", "parent")
 
     def __init__(self, name: bytes, parent: Entry | None, inode: Inode) -> None:
         self.name = name
         self.parent = parent
         self.inode = inode
-        self.alive = True
-        self.children: dict[bytes, Entry] = {}
+        self.alive = True  # has a path now: neither it nor a directory above it was removed
+        # None while no entry was ever placed here; the only child itself; else a dict by name.
+        self._children: Entry | dict[bytes, Entry] | None = None
         # For an entry the stream did not create (it existed in the parent
-        # snapshot): its path and parent there; None for a created entry.
-        self.origin: bytes | None = None
+        # snapshot): its parent and name there; None for a created entry.
         self.origin_parent: Entry | None = None
-        inode.entries.append(self)
+        self.origin_name: bytes | None = None
+        inode._add(self)
+
+    def child(self, name: bytes) -> Entry | None:
+        """The entry named ``name`` in this directory now."""
+        kids = self._children
+        if kids is None or isinstance(kids, dict):
+            return kids.get(name) if kids else None
+        return kids if kids.name == name else None
+
+    def children(self) -> list[Entry]:
+        """The entries in this directory now."""
+        kids = self._children
+        if kids is None or isinstance(kids, dict):
+            return list(kids.values()) if kids else []
+        return [kids]
+
+    @property
+    def is_parent(self) -> bool:
+        """True once an entry was placed in this one: it is a directory."""
+        return self._children is not None
+
+    def _adopt(self, entry: Entry) -> None:
+        """Hold ``entry`` under its name (replacing what was there)."""
+        kids = self._children
+        if kids is None or kids is _NO_CHILDREN or (isinstance(kids, Entry) and kids.name == entry.name):
+            self._children = entry
+        elif isinstance(kids, Entry):
+            self._children = {kids.name: kids, entry.name: entry}
+        else:
+            kids[entry.name] = entry
+
+    def _release(self, entry: Entry) -> None:
+        kids = self._children
+        if kids is entry:
+            self._children = _NO_CHILDREN
+        elif isinstance(kids, dict) and kids.get(entry.name) is entry:
+            del kids[entry.name]
+
+    @property
+    def origin(self) -> bytes | None:
+        """The path in the parent snapshot (``b""`` for the root); None for a created entry."""
+        if self.origin_name is None:
+            return None
+        parts: list[bytes] = []
+        node = self
+        while node.origin_parent is not None and node.origin_name is not None:
+            parts.append(node.origin_name)
+            node = node.origin_parent
+        return _joined(parts)
 
     @property
     def moved(self) -> bool:
         """True for a pre-existing entry now under another name or directory."""
-        if self.origin is None:
+        if self.origin_name is None:
             return False
-        return self.parent is not self.origin_parent or self.name != self.origin.rpartition(b"/")[2]
+        return self.parent is not self.origin_parent or self.name != self.origin_name
 
     def path(self) -> bytes | None:
         """The current path (``b""`` for the subvolume root), or None once removed."""
+        return self.last_path() if self.alive else None
+
+    def last_path(self) -> bytes:
+        """The path now, or for a removed entry the path under its last parent
+        (that parent's place now, or its own last one if it went too)."""
         parts: list[bytes] = []
         node: Entry | None = self
         while node is not None and node.parent is not None:
-            if not node.alive:
-                return None
             parts.append(node.name)
             node = node.parent
-        if node is None or not node.alive:
-            return None
-        return b"/".join(reversed(parts))
+        return _joined(parts)
 
     def final_path(self) -> bytes | None:
         """This entry's path; if it is gone, another name of its inode; else None."""
@@ -139,8 +282,7 @@ class Entry:
         return f"<Entry {self.path()!r}>"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Touched:
+class Touched(NamedTuple):
     """What one command names: ``entry`` (its PATH) and, for RENAME, LINK and a
     clone within the subvolume, ``other`` (PATH_TO, PATH_LINK, CLONE_PATH).
 
@@ -156,25 +298,47 @@ class Touched:
     clone_source: tuple[uuid.UUID, bytes] | None = None
 
 
-class PathTracker:
-    """Follows the names of the current subvolume, one command at a time."""
+def _string(command: Command, number: int) -> bytes:
+    """A string attribute (checked present by the decoder) as bytes."""
+    return bytes(command.raw(number) or b"")
 
-    def __init__(self) -> None:
+
+class PathTracker:
+    """Follows the names of the current subvolume, one command at a time.
+
+    At most ``max_names`` names per subvolume (see the module's Memory).
+    """
+
+    def __init__(self, *, max_names: int = MAX_NAMES) -> None:
+        self.max_names = max_names
+        self.names = 0
+        self._command: Command | None = None  # the one being fed, for errors
+        self.start(b"", None)
         self.subvolume: bytes | None = None
-        self.uuid: uuid.UUID | None = None
-        self.root = Entry(b"", None, Inode())
-        self.root.origin = b""
-        self._by_ino: dict[int, Inode] = {}
-        self.entries: list[Entry] = [self.root]  # every entry of the subvolume, in creation order
 
     def start(self, path: bytes, subvolume_uuid: uuid.UUID | None) -> None:
         """A new subvolume (SUBVOL or SNAPSHOT): a fresh, empty name space."""
         self.subvolume = path
         self.uuid = subvolume_uuid
+        self.names = 1
         self.root = Entry(b"", None, Inode())
-        self.root.origin = b""
-        self._by_ino = {}
-        self.entries = [self.root]
+        self.root.origin_name = b""
+        self.entries: list[Entry] = [self.root]  # every entry of the subvolume, in creation order
+
+    def _entry(self, name: bytes, parent: Entry, inode: Inode) -> Entry:
+        """A new entry, counted against ``max_names``."""
+        self.names += 1 + max(0, len(name) - 1) // NAME_UNIT
+        if self.names > self.max_names:
+            raise limit_error(
+                f"the subvolume uses more than {self.max_names} names (every directory above a path counts)",
+                self.max_names,
+                "--max-names",
+                self._command,
+            )
+        entry = Entry(name, parent, inode)
+        entry.alive = parent.alive  # dead only under a removed subvolume root
+        self.entries.append(entry)
+        return entry
 
     def lookup(self, path: bytes) -> Entry:
         """The entry at ``path`` now, made up (as a file that already existed
@@ -183,14 +347,13 @@ class PathTracker:
         if not path:
             return node
         for name in path.split(b"/"):
-            child = node.children.get(name)
+            child = node.child(name)
             if child is None:
-                child = Entry(name, node, Inode())
-                if node.origin is not None:
-                    child.origin = node.origin + b"/" + name if node.origin else name
+                child = self._entry(name, node, Inode())
+                if node.origin_name is not None:
                     child.origin_parent = node
-                node.children[name] = child
-                self.entries.append(child)
+                    child.origin_name = name
+                node._adopt(child)
             node = child
         return node
 
@@ -198,49 +361,51 @@ class PathTracker:
         head, _, name = path.rpartition(b"/")
         return self.lookup(head), name
 
-    def _detach(self, entry: Entry) -> None:
-        parent = entry.parent
-        if parent is not None and parent.children.get(entry.name) is entry:
-            del parent.children[entry.name]
+    def _remove(self, entry: Entry) -> None:
+        """``entry`` and everything under it have no path any more."""
+        if entry.parent is not None:
+            entry.parent._release(entry)
+        todo = [entry]
+        while todo:
+            gone = todo.pop()
+            if gone.alive:  # a subtree that went before was marked then
+                gone.alive = False
+                todo += gone.children()
 
-    def _place(self, entry: Entry, path: bytes) -> None:
-        """Put ``entry`` at ``path``; an entry already there is replaced (gone)."""
-        parent, name = self._parent_and_name(path)
-        old = parent.children.get(name)
+    def _place(self, entry: Entry, parent: Entry, name: bytes) -> None:
+        """Put ``entry`` at ``name`` in ``parent``; an entry already there is replaced (gone)."""
+        old = parent.child(name)
         if old is not None and old is not entry:
-            old.alive = False
-        self._detach(entry)
+            self._remove(old)
+        if entry.parent is not None:
+            entry.parent._release(entry)
         entry.parent = parent
         entry.name = name
-        entry.alive = True
-        parent.children[name] = entry
+        parent._adopt(entry)
 
     def feed(self, command: Command) -> Touched | None:
         """Update the names for ``command``; None for commands without a path."""
+        self._command = command
         name = command.name
         if name in _SUBVOLUME:
             self.start(bytes(command.get("path")), command.get("uuid", None))
             return None
         if command.attributes is None or name == "end":
             return None
-        path = command.get("path", None)
-        if path is None:
+        raw = command.raw(_A_PATH)
+        if raw is None:
             return None
-        path = bytes(path)
+        path = bytes(raw)
         if name in _CREATE:
-            ino = command.get("ino", None)
-            inode = Inode(ino)
-            if ino is not None:
-                self._by_ino[ino] = inode
             parent, base = self._parent_and_name(path)
-            entry = Entry(base, parent, inode)
-            self.entries.append(entry)
-            self._place(entry, path)  # replaces whatever the tracker had there
+            entry = self._entry(base, parent, Inode())
+            self._place(entry, parent, base)  # replaces whatever the tracker had there
             return Touched(path, entry)
         if name == "rename":
-            to = bytes(command.get("path_to"))
+            to = _string(command, _A_PATH_TO)
             entry = self.lookup(path)
-            node: Entry | None = self._parent_and_name(to)[0]
+            parent, base = self._parent_and_name(to)
+            node: Entry | None = parent
             while node is not None:
                 if node is entry:  # the kernel refuses it (EINVAL); following it would make a cycle
                     raise e.FormatError(
@@ -251,25 +416,23 @@ class PathTracker:
                         expected="a path_to outside the path renamed",
                     )
                 node = node.parent
-            self._place(entry, to)
+            self._place(entry, parent, base)
             return Touched(path, entry, to, entry)
         if name == "link":
-            target_path = bytes(command.get("path_link"))
+            target_path = _string(command, _A_PATH_LINK)
             target = self.lookup(target_path)
             parent, base = self._parent_and_name(path)
-            entry = Entry(base, parent, target.inode)
-            self.entries.append(entry)
-            self._place(entry, path)
+            entry = self._entry(base, parent, target.inode)
+            self._place(entry, parent, base)
             return Touched(path, entry, target_path, target)
         if name in _REMOVE:
             entry = self.lookup(path)
-            entry.alive = False
-            self._detach(entry)
+            self._remove(entry)
             return Touched(path, entry)
         entry = self.lookup(path)
         if name == "clone":
             clone_uuid = command.get("clone_uuid")
-            clone_path = bytes(command.get("clone_path"))
+            clone_path = _string(command, _A_CLONE_PATH)
             if clone_uuid == self.uuid:
                 return Touched(path, entry, clone_path, self.lookup(clone_path))
             return Touched(path, entry, clone_path, None, (clone_uuid, clone_path))
@@ -301,53 +464,193 @@ class CommandPaths:
         return self.path is not None and self.final != self.path
 
 
-def resolve(events: Iterable[Any]) -> Iterator[CommandPaths]:
-    """Every command of ``events`` with its final paths, in stream order.
+# What one held record costs PathResolver: its columns (offset, index, number,
+# shared prefix, other path's length, end in the blob: 30 bytes) and two references.
+_RECORD_BYTES = 46
+# A final path PathResolver keeps for a directory or an inode while it hands out records.
+_MEMO_BYTES = 120
+_C_RENAME, _C_LINK, _C_CLONE = COMMAND_NUMBERS["rename"], COMMAND_NUMBERS["link"], COMMAND_NUMBERS["clone"]
 
-    Records are yielded when their subvolume ends (END, the next SUBVOL or
-    SNAPSHOT, or the end of the input); memory is one small record per
-    command of that subvolume. Works on the events of
-    :func:`sendstream.files.file_events` (values are copied, not kept).
+
+def _shared_prefix(a: bytes, b: bytes) -> int:
+    """The length of the longest common prefix of ``a`` and ``b`` (memcmp speed)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:  # a[:lo] == b[:lo]; the answer is at most hi
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class PathResolver:
+    """Sans-IO :func:`resolve`: :meth:`feed` events, each call returns the
+    records that are ready; :meth:`close` at the end of the input.
+
+    A command with a path waits for the end of its subvolume, in compact
+    columns: a path is kept as the part that differs from the record
+    before (a run of commands on one file keeps its name once). Those
+    records and the final paths remembered while they are handed out count
+    against ``max_held`` bytes. A command without a path (SUBVOL, SNAPSHOT,
+    END, a command number the library does not know) needs no final path:
+    it is returned at once, so an unknown command in the middle of a
+    subvolume comes before the held records that precede it.
     """
-    tracker = PathTracker()
-    pending: list[tuple[int, int, str, bytes | None, Touched | None]] = []
 
-    def flush() -> Iterator[CommandPaths]:
-        for index, offset, name, subvolume, touched in pending:
-            if touched is None:
-                yield CommandPaths(index, offset, name, subvolume, None, None)
-                continue
-            other_final = touched.other.final_path() if touched.other is not None else None
-            if touched.clone_source is not None:
-                other_final = touched.clone_source[1]
-            yield CommandPaths(
-                index,
-                offset,
-                name,
-                subvolume,
-                touched.path,
-                touched.entry.final_path(),
-                touched.other_path,
-                other_final,
-                touched.clone_source[0] if touched.clone_source else None,
+    def __init__(self, *, max_names: int = MAX_NAMES, max_held: int = MAX_HELD) -> None:
+        self.max_held = max_held
+        self.tracker = PathTracker(max_names=max_names)
+        self._clear()
+
+    def _clear(self) -> None:
+        self._offsets = array("q")  # -1 for commands not read from a stream
+        self._indexes = array("q")
+        self._cmds = array("H")
+        self._shared = array("H")
+        self._other_len = array("H")
+        self._ends = array("Q")
+        self._refs: list[Entry | None] = []  # two per record: the entry and the other one
+        self._foreign: dict[int, uuid.UUID] = {}  # record -> clone source of another subvolume
+        self._blob = bytearray()
+        self._last_path = b""
+        self.held = 0
+
+    def _charge(self, nbytes: int, command: Command | None) -> None:
+        self.held += nbytes
+        if self.held > self.max_held:
+            raise limit_error(
+                f"the commands of one subvolume need more than {self.max_held} bytes until its end",
+                self.max_held,
+                "--max-held",
+                command,
             )
-        pending.clear()
 
-    for event in events:
+    def feed(self, event: Any) -> Iterator[CommandPaths]:
+        """The records ready after ``event`` (of :func:`sendstream.files.file_events`),
+        one at a time; use them all before the next call."""
         if isinstance(event, Restart):
             raise e.StreamRestarted(
                 f"a new stream header after {event.commands} commands: repair the stream first",
                 offset=event.offset,
             )
         if not isinstance(event, Command):
-            continue
-        if event.name in _SUBVOLUME:
-            yield from flush()
-        touched = tracker.feed(event)
-        pending.append((event.index, event.offset, event.name, tracker.subvolume, touched))
-        if event.name == "end":
-            yield from flush()
-    yield from flush()
+            return
+        if event.name in _SUBVOLUME or event.name == "end":
+            yield from self.flush(event)
+        touched = self.tracker.feed(event)
+        if touched is None:
+            yield CommandPaths(event.index, event.offset, event.name, self.tracker.subvolume, None, None)
+        else:
+            self._hold(event, touched)
+
+    def close(self) -> Iterator[CommandPaths]:
+        """The records still held at the end of the input."""
+        return self.flush(None)
+
+    def _hold(self, command: Command, touched: Touched) -> None:
+        path = touched.path
+        shared = _shared_prefix(self._last_path, path)
+        other = touched.other_path or b""
+        self._charge(_RECORD_BYTES + len(path) - shared + len(other), command)
+        self._last_path = path
+        self._offsets.append(command.offset)
+        self._indexes.append(command.index)
+        self._cmds.append(command.cmd)
+        self._shared.append(shared)
+        self._other_len.append(len(other))
+        self._blob += memoryview(path)[shared:]
+        self._blob += other
+        self._ends.append(len(self._blob))
+        self._refs.append(touched.entry)
+        self._refs.append(touched.other)
+        if touched.clone_source is not None:
+            self._charge(_MEMO_BYTES, command)
+            self._foreign[len(self._cmds) - 1] = touched.clone_source[0]
+
+    def flush(self, command: Command | None) -> Iterator[CommandPaths]:
+        """Every held record with its final paths (the subvolume ends at ``command``)."""
+        finals = _FinalPaths(self, command)
+        subvolume = self.tracker.subvolume
+        blob = self._blob
+        path = b""
+        start = 0
+        for i, cmd in enumerate(self._cmds):
+            end = self._ends[i]
+            split = end - self._other_len[i]
+            path = path[: self._shared[i]] + blob[start:split]
+            entry, other = self._refs[2 * i], self._refs[2 * i + 1]
+            other_path = bytes(blob[split:end]) if cmd in (_C_RENAME, _C_LINK, _C_CLONE) else None
+            clone_uuid = self._foreign.get(i)
+            other_final = other_path if clone_uuid is not None else finals.of(other)
+            yield CommandPaths(
+                self._indexes[i],
+                self._offsets[i],
+                command_name(cmd),
+                subvolume,
+                path,
+                finals.of(entry),
+                other_path,
+                other_final,
+                clone_uuid,
+            )
+            start = end
+        self._clear()
+
+
+class _FinalPaths:
+    """Final paths while a subvolume's records are handed out: each directory's
+    path (and each removed file's other name) is built once, counted against
+    the resolver's ``max_held``."""
+
+    def __init__(self, resolver: PathResolver, command: Command | None) -> None:
+        self._resolver = resolver
+        self._command = command
+        self._dirs: dict[Entry, bytes] = {}
+        self._others: dict[Inode, bytes | None] = {}
+
+    def _remember(self, path: bytes | None) -> None:
+        self._resolver._charge(_MEMO_BYTES + len(path or b""), self._command)
+
+    def _path(self, entry: Entry) -> bytes | None:
+        parent = entry.parent
+        if not entry.alive:
+            return None
+        if parent is None:
+            return b""
+        if parent.parent is None:
+            return entry.name
+        head = self._dirs.get(parent)
+        if head is None:
+            head = self._dirs[parent] = parent.last_path()
+            self._remember(head)
+        return head + b"/" + entry.name
+
+    def of(self, entry: Entry | None) -> bytes | None:
+        """``entry.final_path()``."""
+        if entry is None:
+            return None
+        own = self._path(entry)
+        if own is not None:
+            return own
+        inode = entry.inode
+        if inode not in self._others:
+            paths = [p for en in inode.entries if (p := self._path(en)) is not None]
+            self._others[inode] = min(paths) if paths else None
+            self._remember(self._others[inode])
+        return self._others[inode]
+
+
+def resolve(events: Iterable[Any], *, max_names: int = MAX_NAMES, max_held: int = MAX_HELD) -> Iterator[CommandPaths]:
+    """Every command of ``events`` with its final paths (see :class:`PathResolver`).
+
+    Works on the events of :func:`sendstream.files.file_events` (values are
+    copied, not kept).
+    """
+    resolver = PathResolver(max_names=max_names, max_held=max_held)
+    for event in events:
+        yield from resolver.feed(event)
+    yield from resolver.close()
 
 
 # --- statistics -------------------------------------------------------------
@@ -376,11 +679,14 @@ _FILE_LEN = {"encoded_write": "unencoded_file_len", "clone": "clone_len", "updat
 @dataclasses.dataclass(slots=True)
 class StreamStats:
     """Counts and bytes per command kind of one stream (header to END); every
-    command number this library does not know counts as kind ``unknown``."""
+    command number this library does not know counts as kind ``unknown``.
+    ``streams`` is above 1 for the streams :class:`Statistics` adds up after
+    its first :data:`MAX_STREAMS`."""
 
     offset: int
     version: int
     commands: dict[str, CommandStats] = dataclasses.field(default_factory=dict)
+    streams: int = 1
 
     def add(self, command: Command) -> None:
         # Unknown command numbers share one row: 65,000 of them must not make 65,000 rows.
@@ -421,18 +727,38 @@ def wire_size(command: Command, version: int) -> int:
     return size
 
 
+# Streams listed one by one; the ones after them are added up in one row.
+MAX_STREAMS = 1000
+
+
 class Statistics:
-    """Per-stream statistics of an input (several streams when concatenated)."""
+    """Per-stream statistics of an input (several streams when concatenated).
+
+    Memory is bounded: at most :data:`MAX_STREAMS` streams are kept one by
+    one (each with at most one row per command kind), the rest in ``rest``.
+    """
 
     def __init__(self) -> None:
         self.streams: list[StreamStats] = []
+        self.rest: StreamStats | None = None
 
     def feed(self, event: Any) -> None:
         """Count one event of :func:`sendstream.files.file_events` or a Decoder."""
         if isinstance(event, StreamHeader):
-            self.streams.append(StreamStats(event.offset, event.version))
+            if len(self.streams) < MAX_STREAMS:
+                self.streams.append(StreamStats(event.offset, event.version))
+            elif self.rest is None:
+                self.rest = StreamStats(event.offset, event.version)
+            else:
+                self.rest.streams += 1
+                if self.rest.version != event.version:
+                    self.rest.version = 0
         elif isinstance(event, Command) and self.streams:
-            self.streams[-1].add(event)
+            (self.rest or self.streams[-1]).add(event)
+
+    def all(self) -> list[StreamStats]:
+        """The streams listed one by one, then the rest added up (if any)."""
+        return self.streams + ([self.rest] if self.rest is not None else [])
 
 
 # --- presentation -------------------------------------------------------------
@@ -481,8 +807,12 @@ def record_json_line(record: CommandPaths) -> bytes:
 def statistics_lines(statistics: Statistics) -> list[str]:
     """A table per stream: count, wire bytes, data bytes and file bytes per command kind."""
     lines = []
-    for number, s in enumerate(statistics.streams, 1):
-        lines.append(f"stream {number} at offset {s.offset}, version {s.version}:")
+    for number, s in enumerate(statistics.all(), 1):
+        if s.streams == 1:
+            lines.append(f"stream {number} at offset {s.offset}, version {s.version}:")
+        else:
+            version = f"version {s.version}" if s.version else "several versions"
+            lines.append(f"streams {number} to {number + s.streams - 1} from offset {s.offset}, {version}:")
         lines.append(f"  {'command':<14} {'count':>8} {'wire bytes':>14} {'data bytes':>14} {'file bytes':>14}")
         for name, c in sorted(s.commands.items(), key=lambda kv: (-kv[1].wire_bytes, kv[0])):
             lines.append(f"  {name:<14} {c.count:>8} {c.wire_bytes:>14} {c.data_bytes:>14} {c.file_bytes:>14}")
