@@ -314,8 +314,29 @@ def verify(
     help="Write a v1 stream for an older btrfs receive: ENCODED_WRITE decompressed into WRITEs, "
     "FALLOCATE as WRITEs of zeros, FILEATTR and ENABLE_VERITY dropped with a warning.",
 )
+@click.option(
+    "--max-zero-fill",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="BYTES",
+    help="With --to-version 1: most bytes of zeros written for holes in all (default: 1 GiB).",
+)
+@click.option(
+    "--max-names",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="With --to-version 1: most names followed in one subvolume to know file sizes (default: 1,000,000).",
+)
 @_max_size_option
-def convert(source: str, target: str, to_version: int | None, max_command_size: int | None) -> None:
+def convert(
+    source: str,
+    target: str,
+    to_version: int | None,
+    max_zero_fill: int | None,
+    max_names: int | None,
+    max_command_size: int | None,
+) -> None:
     """Rewrite stream IN into OUT (- for stdin/stdout) through the writer.
 
     With no options the output is byte-identical to a valid input. A file
@@ -323,9 +344,16 @@ def convert(source: str, target: str, to_version: int | None, max_command_size: 
     """
     downgrader = None
     if to_version is not None:
-        from .downgrade import Downgrader
+        from .downgrade import MAX_ZERO_FILL, Downgrader
+        from .paths import MAX_NAMES
 
-        downgrader = Downgrader(warn=lambda message: click.echo(f"sendstream: warning: {message}", err=True))
+        downgrader = Downgrader(
+            warn=lambda message: click.echo(f"sendstream: warning: {message}", err=True),
+            max_zero_fill=MAX_ZERO_FILL if max_zero_fill is None else max_zero_fill,
+            max_names=max_names or MAX_NAMES,
+        )
+    elif max_zero_fill is not None or max_names is not None:
+        raise click.UsageError("--max-zero-fill and --max-names go with --to-version 1")
     from .encoder import Encoder
 
     encoder = Encoder()

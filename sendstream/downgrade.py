@@ -24,7 +24,10 @@ What changes, command by command (everything else is passed on as it is):
   a zeroed range becomes WRITEs of zeros (a v1 incremental sends a hole as
   zeros), cut at the file size when the stream shows it (a file created in
   the stream, or after a TRUNCATE) and with KEEP_SIZE; the kernel only
-  punches inside the file. Preallocation (mode 0 or KEEP_SIZE alone) reads as
+  punches inside the file. The zeros of a whole run are limited
+  (``max_zero_fill``, :data:`MAX_ZERO_FILL` by default): a hole in a file of
+  unknown size, or after a TRUNCATE to 2^62, would otherwise ask for
+  exabytes. Preallocation (mode 0 or KEEP_SIZE alone) reads as
   zeros and changes no content: dropped, or a TRUNCATE when it grows a file
   of known size; dropped with a warning when the size is unknown;
 - FILEATTR and ENABLE_VERITY: dropped with a warning (v1 has no way to say
@@ -46,8 +49,9 @@ from .command import Command
 from .compression import MAX_UNENCODED, decompress
 from .decoder import StreamHeader
 from .dump import escape
+from .paths import MAX_NAMES, Inode, PathTracker, limit_error
 
-__all__ = ["V1_WRITE_SIZE", "DowngradeError", "Downgrader", "downgrade"]
+__all__ = ["MAX_ZERO_FILL", "V1_WRITE_SIZE", "DowngradeError", "Downgrader", "downgrade"]
 
 V1_WRITE_SIZE = 48 * 1024  # BTRFS_SEND_READ_SIZE
 
@@ -56,6 +60,12 @@ FALLOC_FL_PUNCH_HOLE = 0x02
 FALLOC_FL_ZERO_RANGE = 0x10
 
 _ZEROS = bytes(V1_WRITE_SIZE)
+_U64_END = 1 << 64
+# Zeros written for holes over a whole conversion: v1 cannot say "hole", and
+# the stream often does not show the file's size. 1 GiB lets the holes of
+# ordinary incrementals through (the fixtures' is 32 KiB) and stops a few
+# bytes of input from asking for exabytes; a sparse VM image's may need more.
+MAX_ZERO_FILL = 1 << 30
 
 
 class DowngradeError(e.FormatError):
@@ -68,16 +78,31 @@ class Downgrader:
     """Feed events with :meth:`send`; each call returns the v1 events to write.
 
     ``warn(message)`` is called for every command dropped or translated
-    with a loss; ``warnings`` keeps them all.
+    with a loss; ``warnings`` keeps them all. File sizes are kept on the
+    inodes of a :class:`~sendstream.paths.PathTracker` (at most
+    ``max_names`` names per subvolume), so a renamed directory takes its
+    files' sizes along. Holes become at most ``max_zero_fill`` bytes of
+    zeros over the whole run (:class:`~sendstream.errors.LimitExceeded`
+    before the command past it is written).
     """
 
-    def __init__(self, warn: Callable[[str], None] | None = None, *, max_unencoded: int = MAX_UNENCODED) -> None:
+    def __init__(
+        self,
+        warn: Callable[[str], None] | None = None,
+        *,
+        max_unencoded: int = MAX_UNENCODED,
+        max_zero_fill: int = MAX_ZERO_FILL,
+        max_names: int = MAX_NAMES,
+    ) -> None:
         self._warn_cb = warn
         self.warnings: list[str] = []
         self.max_unencoded = max_unencoded
+        self.max_zero_fill = max_zero_fill
+        self.zero_fill = 0  # zero bytes written for holes so far
+        self.max_names = max_names
         self._passthrough = False
-        self._sizes: dict[bytes, int] = {}  # file sizes the stream shows, by current path
-        self._handlers: dict[str, Callable[[Command], Iterator[Command]]] = {
+        self._paths = PathTracker(max_names=max_names)
+        self._handlers: dict[str, Callable[[Command, Inode], Iterator[Command]]] = {
             "write": self._write,
             "encoded_write": self._encoded_write,
             "fallocate": self._fallocate,
@@ -99,68 +124,55 @@ class Downgrader:
         """As :meth:`send`, lazily (WRITE data stays a view of the input)."""
         if isinstance(event, StreamHeader):
             self._passthrough = event.version <= 1
-            self._sizes.clear()
+            self._paths = PathTracker(max_names=self.max_names)
             yield event if self._passthrough else StreamHeader(event.offset, 1)
             return
         if not isinstance(event, Command) or self._passthrough or event.attributes is None:
             yield event
             return
-        handler = self._handlers.get(event.name)
-        if handler is None:
-            self._track(event)
+        touched = self._paths.feed(event)
+        if touched is None:
             yield event
             return
-        yield from handler(event)
+        inode = touched.entry.inode
+        handler = self._handlers.get(event.name)
+        if handler is None:
+            self._track(event, inode)
+            yield event
+            return
+        yield from handler(event, inode)
 
-    # --- size tracking (only what the stream itself shows) -----------------
+    # --- sizes (only what the stream itself shows), as Inode.info -----------
 
-    def _track(self, cmd: Command) -> None:
+    def _track(self, cmd: Command, inode: Inode) -> None:
         name = cmd.name
-        if name in ("subvol", "snapshot"):
-            self._sizes.clear()
-        elif name == "mkfile":
-            self._sizes[bytes(cmd.get("path"))] = 0
+        if name == "mkfile":
+            inode.info = 0
         elif name == "truncate":
-            self._sizes[bytes(cmd.get("path"))] = int(cmd.get("size"))
-        elif name == "rename":
-            old, new = bytes(cmd.get("path")), bytes(cmd.get("path_to"))
-            size = self._sizes.pop(old, None)
-            self._sizes.pop(new, None)
-            if size is not None:
-                self._sizes[new] = size
-            # a renamed directory moves the files under it
-            prefix = old + b"/"
-            for p in [p for p in self._sizes if p.startswith(prefix)]:
-                self._sizes[new + p[len(old) :]] = self._sizes.pop(p)
-        elif name in ("unlink", "rmdir"):
-            self._sizes.pop(bytes(cmd.get("path")), None)
+            inode.info = int(cmd.get("size"))
         elif name == "clone":
-            self._grow(bytes(cmd.get("path")), int(cmd.get("file_offset")) + int(cmd.get("clone_len")))
-
-    def _grow(self, path: bytes, end: int) -> None:
-        size = self._sizes.get(path)
-        if size is not None and end > size:
-            self._sizes[path] = end
+            _grow(inode, int(cmd.get("file_offset")) + int(cmd.get("clone_len")))
 
     # --- commands ------------------------------------------------------------
 
-    def _writes(self, path: bytes, offset: int, data: memoryview | bytes) -> Iterator[Command]:
+    def _writes(self, cmd: Command, inode: Inode, offset: int, data: memoryview | bytes) -> Iterator[Command]:
         mv = memoryview(data)
+        _check_end(cmd, offset, len(mv))
+        path = cmd.get("path")
         for pos in range(0, len(mv), V1_WRITE_SIZE):
             chunk = mv[pos : pos + V1_WRITE_SIZE]
             yield Command.build("write", [("path", path), ("file_offset", offset + pos), ("data", chunk)])
-        self._grow(path, offset + len(mv))
+        _grow(inode, offset + len(mv))
 
-    def _write(self, cmd: Command) -> Iterator[Command]:
+    def _write(self, cmd: Command, inode: Inode) -> Iterator[Command]:
         data = cmd.get("data")
         if len(data) <= V1_WRITE_SIZE:
-            self._grow(bytes(cmd.get("path")), int(cmd.get("file_offset")) + len(data))
+            _grow(inode, int(cmd.get("file_offset")) + len(data))
             yield cmd
             return
-        yield from self._writes(bytes(cmd.get("path")), int(cmd.get("file_offset")), data)
+        yield from self._writes(cmd, inode, int(cmd.get("file_offset")), data)
 
-    def _encoded_write(self, cmd: Command) -> Iterator[Command]:
-        path = bytes(cmd.get("path"))
+    def _encoded_write(self, cmd: Command, inode: Inode) -> Iterator[Command]:
         offset = int(cmd.get("file_offset"))
         file_len = int(cmd.get("unencoded_file_len"))
         unencoded_len = int(cmd.get("unencoded_len"))
@@ -183,46 +195,82 @@ class Downgrader:
             raise DowngradeError(
                 f"cannot decompress: {exc}", offset=cmd.offset, index=cmd.index, command=cmd.name
             ) from None
-        yield from self._writes(path, offset, memoryview(plain)[unencoded_offset : unencoded_offset + file_len])
+        yield from self._writes(cmd, inode, offset, memoryview(plain)[unencoded_offset : unencoded_offset + file_len])
 
-    def _fallocate(self, cmd: Command) -> Iterator[Command]:
-        path = bytes(cmd.get("path"))
+    def _fallocate(self, cmd: Command, inode: Inode) -> Iterator[Command]:
+        path = cmd.get("path")
         mode = int(cmd.get("fallocate_mode"))
         offset = int(cmd.get("file_offset"))
-        end = offset + int(cmd.get("size"))
-        size = self._sizes.get(path)
+        length = int(cmd.get("size"))
+        _check_end(cmd, offset, length)
+        end = offset + length
+        size: int | None = inode.info
         if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE):
             if size is not None and mode & FALLOC_FL_KEEP_SIZE:
                 end = min(end, size)
+            zeros = max(0, end - offset)
+            if self.zero_fill + zeros > self.max_zero_fill:
+                raise limit_error(
+                    f"a hole of {zeros} bytes becomes WRITEs of zeros in v1: {self.zero_fill + zeros} bytes "
+                    f"of zeros in all ({escape(path).decode('utf-8', 'replace') or '.'})",
+                    self.max_zero_fill,
+                    "--max-zero-fill",
+                    cmd,
+                )
+            self.zero_fill += zeros
             for pos in range(offset, end, V1_WRITE_SIZE):
                 n = min(V1_WRITE_SIZE, end - pos)
                 yield Command.build("write", [("path", path), ("file_offset", pos), ("data", _ZEROS[:n])])
             if not mode & FALLOC_FL_KEEP_SIZE:
-                self._grow(path, end)
+                _grow(inode, end)
             return
         if mode & FALLOC_FL_KEEP_SIZE:
             return  # preallocation only: no visible change
         if size is None:
             self._warn(cmd, f"preallocation up to {end} of a file of unknown size dropped (the size may differ)")
         elif end > size:
-            self._sizes[path] = end
+            inode.info = end
             yield Command.build("truncate", [("path", path), ("size", end)])
 
-    def _fileattr(self, cmd: Command) -> Iterator[Command]:
+    def _fileattr(self, cmd: Command, inode: Inode) -> Iterator[Command]:
         self._warn(cmd, f"inode flags 0x{int(cmd.get('fileattr')):x} of {_show(cmd)} dropped (no v1 command)")
         return iter(())
 
-    def _enable_verity(self, cmd: Command) -> Iterator[Command]:
+    def _enable_verity(self, cmd: Command, inode: Inode) -> Iterator[Command]:
         self._warn(cmd, f"fs-verity of {_show(cmd)} dropped (no v1 command)")
         return iter(())
+
+
+def _grow(inode: Inode, end: int) -> None:
+    """A file of known size that now reaches ``end``."""
+    if inode.info is not None and end > inode.info:
+        inode.info = end
+
+
+def _check_end(cmd: Command, offset: int, length: int) -> None:
+    """The byte range must end where a u64 file offset can still point."""
+    if offset + length > _U64_END:
+        raise DowngradeError(
+            f"the range {offset} + {length} ends past the largest file offset",
+            offset=cmd.offset,
+            index=cmd.index,
+            command=cmd.name,
+            expected=f"an end at most {_U64_END}",
+        )
 
 
 def _show(cmd: Command) -> str:
     return escape(bytes(cmd.get("path"))).decode("utf-8", "replace") or "."
 
 
-def downgrade(events: Iterable[Any], warn: Callable[[str], None] | None = None) -> Iterator[Any]:
+def downgrade(
+    events: Iterable[Any],
+    warn: Callable[[str], None] | None = None,
+    *,
+    max_zero_fill: int = MAX_ZERO_FILL,
+    max_names: int = MAX_NAMES,
+) -> Iterator[Any]:
     """The events of ``events`` as a v1 stream; see :class:`Downgrader`."""
-    downgrader = Downgrader(warn)
+    downgrader = Downgrader(warn, max_zero_fill=max_zero_fill, max_names=max_names)
     for event in events:
         yield from downgrader.events(event)

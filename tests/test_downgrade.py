@@ -7,16 +7,20 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FIXTURES, btrfs_loop, need_root_btrfs
+from conftest import FIXTURES, btrfs_loop, crafted, need_root_btrfs
 
-from sendstream import Command, Encoder, StreamHeader
+from sendstream import Command, Encoder, StreamHeader, encode_command
 from sendstream.downgrade import V1_WRITE_SIZE, DowngradeError, Downgrader, downgrade
 from sendstream.dump import TextDumper
+from sendstream.errors import LimitExceeded
 from sendstream.files import file_events
 from sendstream.format import COMMANDS
 from sendstream.verify import verify_file
@@ -202,3 +206,107 @@ def test_btrfs_receive_accepts_v1_and_makes_the_same_tree(fs: Path, name: str, t
     ours = receive_all(fs, "v1", converted)
     assert len(ours) > 5
     assert ours == theirs
+
+
+# --- bounded: zeros for holes, sizes through renames, offsets ----------------------
+
+
+def hole_stream(*commands: Command) -> bytes:
+    head = Command.build("subvol", [("path", b"s"), ("uuid", uuid.UUID(int=1)), ("ctransid", 1)])
+    return crafted(2, *(encode_command(c, 2) for c in (head, *commands)))
+
+
+def fallocate(path: bytes, mode: int, offset: int, size: int) -> Command:
+    return Command.build(
+        "fallocate", [("path", path), ("fallocate_mode", mode), ("file_offset", offset), ("size", size)]
+    )
+
+
+def test_a_hole_of_exabytes_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """149 bytes asked for 4.6 EB of zeros: a punched hole in a file whose size the stream does
+    not show (or after a TRUNCATE to 2^62) is written as zeros only up to --max-zero-fill."""
+    unknown_size = hole_stream(fallocate(b"f", 3, 0, 1 << 62))
+    truncated = hole_stream(
+        Command.build("truncate", [("path", b"f"), ("size", 1 << 62)]), fallocate(b"f", 3, 0, 1 << 62)
+    )
+    assert len(unknown_size) < len(truncated) <= 149
+    for data in (unknown_size, truncated):
+        source, out = tmp_path / "in.stream", tmp_path / "out.stream"
+        source.write_bytes(data)
+        done = subprocess.run(
+            [sys.executable, "-m", "sendstream", "convert", "--to-version", "1", str(source), str(out)],
+            capture_output=True,
+            timeout=60,
+        )
+        assert done.returncode == 8, done.stderr
+        message = done.stderr.decode()
+        assert "(fallocate)" in message and "--max-zero-fill raises it" in message and "Traceback" not in message
+        assert not out.exists()
+    # in the library: the error comes before the first WRITE of the command
+    d = Downgrader(max_zero_fill=10 * V1_WRITE_SIZE)
+    d.send(StreamHeader(0, 2))
+    with pytest.raises(LimitExceeded) as info:
+        next(d.events(fallocate(b"g", 3, 0, 1 << 62)))
+    assert info.value.option == "--max-zero-fill" and info.value.limit == 10 * V1_WRITE_SIZE
+
+
+def test_zeros_count_over_the_run_and_stop_at_known_sizes() -> None:
+    d = Downgrader(max_zero_fill=100_000)
+    d.send(StreamHeader(0, 2))
+    d.send(Command.build("mkfile", [("path", b"f"), ("ino", 257)]))
+    d.send(Command.build("truncate", [("path", b"f"), ("size", 70_000)]))
+    # KEEP_SIZE: cut at the size the stream shows, only 70,000 - 10 bytes count
+    cut = d.send(fallocate(b"f", 3, 10, 1 << 40))
+    assert sum(len(w.get("data")) for w in cut) == 69_990 == d.zero_fill
+    assert sum(len(w.get("data")) for w in d.send(fallocate(b"other", 3, 0, 30_010))) == 30_010
+    with pytest.raises(LimitExceeded):
+        d.send(fallocate(b"other", 3, 0, 1))
+    # the size follows the file through a rename of its directory
+    e = Downgrader()
+    e.send(StreamHeader(0, 2))
+    e.send(Command.build("mkfile", [("path", b"d/f"), ("ino", 258)]))
+    e.send(Command.build("truncate", [("path", b"d/f"), ("size", 100)]))
+    e.send(Command.build("rename", [("path", b"d"), ("path_to", b"e")]))
+    assert [len(w.get("data")) for w in e.send(fallocate(b"e/f", 3, 0, 1 << 30))] == [100]
+    # and through a hard link: one inode, one size
+    e.send(Command.build("link", [("path", b"g"), ("path_link", b"e/f")]))
+    assert [len(w.get("data")) for w in e.send(fallocate(b"g", 3, 50, 1 << 30))] == [50]
+
+
+def test_ranges_past_the_largest_offset_are_errors_not_crashes() -> None:
+    """Writes split or zeros written past 2^64 used to die in struct.pack."""
+    top = (1 << 64) - 10
+    for command in (
+        Command.build("write", [("path", b"f"), ("file_offset", top), ("data", bytes(V1_WRITE_SIZE + 1))]),
+        fallocate(b"f", 3, top, 100),
+        fallocate(b"f", 0, top, 100),
+    ):
+        d = Downgrader()
+        d.send(StreamHeader(0, 2))
+        d.send(Command.build("mkfile", [("path", b"f"), ("ino", 257)]))
+        with pytest.raises(DowngradeError, match="past the largest file offset"):
+            d.send(command)
+
+
+def test_renames_cost_the_same_whatever_the_number_of_files() -> None:
+    """Every RENAME scanned every known size (40k files and 40k renames: 32 s); now the sizes live on
+    the inodes of a PathTracker and a rename moves one name: time grows with n, not n^2."""
+
+    def convert(n: int) -> float:
+        commands = [Command.build("mkdir", [("path", b"d0"), ("ino", 256)])]
+        commands += [Command.build("mkfile", [("path", b"d0/f%06d" % i), ("ino", 300 + i)]) for i in range(n)]
+        commands += [Command.build("rename", [("path", b"d%d" % i), ("path_to", b"d%d" % (i + 1))]) for i in range(n)]
+        commands.append(fallocate(b"d%d/f000000" % n, 3, 0, 1 << 20))
+        best = float("inf")
+        for _ in range(3):
+            d = Downgrader()
+            d.send(StreamHeader(0, 2))
+            start = time.perf_counter()
+            for c in commands[:-1]:
+                d.send(c)
+            best = min(best, time.perf_counter() - start)
+            assert d.send(commands[-1]) == []  # the file's size, 0, went along with its directory
+        return best
+
+    small, large = convert(10_000), convert(40_000)
+    assert large < 8 * small, (small, large)  # linear: ~4x; scanning every size per rename: ~16x
