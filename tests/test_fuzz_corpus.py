@@ -30,19 +30,9 @@ CORPUS = ROOT / "tests" / "corpus"
 HARNESS = ROOT / "tools" / "fuzz.py"
 FILES = sorted(p for p in CORPUS.glob("*/*") if p.is_file())
 
-_6C = (r"^Unbounded@downgrade$", "6c: convert --to-version 1 writes zeros over the whole punched hole")
 # "TARGET/FILE" -> (the crash signatures expected, as a regular expression; the finding) for
 # the entries that crash today; another crash of such an entry fails the test
-XFAIL: dict[str, tuple[str, str]] = {
-    "changes/issue-mknod-mode-2-63": (r"^OverflowError@changes\.", "7c: a MKNOD mode that does not fit a C int"),
-    "convert/issue-punched-hole-of-2-62": _6C,
-    "convert/crash-punch-hole-of-2-56-unknown-size": _6C,
-    "convert/crash-fallocate-end-past-2-64": (
-        r"^error@layout\.encode_value$",
-        "new: convert --to-version 1 turns a FALLOCATE whose offset + size passes 2^64 into a TRUNCATE it "
-        "cannot encode (struct.error)",
-    ),
-}
+XFAIL: dict[str, tuple[str, str]] = {}
 
 
 class KnownFinding(AssertionError):
