@@ -63,7 +63,7 @@ def _tracker_options(f: Any) -> Any:
         type=click.IntRange(min=1),
         default=None,
         metavar="N",
-        help="Most names followed in one subvolume; every directory above a path counts (default: 1,000,000).",
+        help="Most names followed in one subvolume; every directory above a path counts (default: 400,000).",
     )(f)
 
 
@@ -326,7 +326,7 @@ def verify(
     type=click.IntRange(min=1),
     default=None,
     metavar="N",
-    help="With --to-version 1: most names followed in one subvolume to know file sizes (default: 1,000,000).",
+    help="With --to-version 1: most names followed in one subvolume to know file sizes (default: 400,000).",
 )
 @_max_size_option
 def convert(

@@ -271,3 +271,14 @@ def test_a_transient_name_shows_where_it_was_removed() -> None:
     ]
     records = list(resolve(commands))
     assert records[2].final is None and records[3].final == b"dir/tmp"
+
+
+def test_help_states_the_defaults() -> None:
+    from sendstream.downgrade import MAX_ZERO_FILL
+    from sendstream.paths import MAX_HELD, MAX_NAMES
+
+    for name in ("ls", "diff", "paths"):
+        said = " ".join(run(name, "--help").stdout.decode().split())
+        assert f"(default: {MAX_NAMES:,})" in said and f"(default: {MAX_HELD >> 20} MiB)" in said
+    said = " ".join(run("convert", "--help").stdout.decode().split())
+    assert f"(default: {MAX_NAMES:,})" in said and f"(default: {MAX_ZERO_FILL >> 30} GiB)" in said
