@@ -93,7 +93,7 @@ NAME_UNIT = 64
 # Names per subvolume: the tracker takes 140-200 bytes a name besides the name
 # (a deep chain of short names the least, a directory of many the most) and
 # `ls` and `diff` ~100 more for its change. At this limit, with 64-byte names,
-# `ls` peaks at 243 MB (VmPeak) of the 300 MB that tests/test_limits.py allows,
+# `ls` peaks at 243 MB (VmPeak) of the 300 MB that tests/test_memory_bounds.py allows,
 # 270 MB with max_held full. Snapshots of 400k files and directories go through
 # (the benchmark's metadata stream has ~137k); --max-names raises it.
 MAX_NAMES = 400_000
