@@ -6,8 +6,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "sendstream._native",
-            ["sendstream/_native.c"],
+            "sendstream.codec._native",
+            ["sendstream/codec/_native.c"],
             extra_compile_args=["-O3", "-std=c11", "-pthread", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             extra_link_args=["-pthread"],
             optional=True,

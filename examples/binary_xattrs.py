@@ -9,9 +9,9 @@ Prints the final path, the attribute name and the value in hex (the first
 import sys
 
 from sendstream import Command
-from sendstream.dump import escape
-from sendstream.files import file_events
-from sendstream.paths import PathTracker
+from sendstream.analysis.paths import PathTracker
+from sendstream.io.files import file_events
+from sendstream.render.dump import escape
 
 
 def is_binary(value: bytes) -> bool:

@@ -10,9 +10,9 @@ wrote (WRITE, ENCODED_WRITE, CLONE), or the last TRUNCATE after it.
 import sys
 
 from sendstream import Command
-from sendstream.dump import escape
-from sendstream.files import file_events
-from sendstream.paths import PathTracker
+from sendstream.analysis.paths import PathTracker
+from sendstream.io.files import file_events
+from sendstream.render.dump import escape
 
 tracker = PathTracker()
 files = {}  # id(inode) -> [entry, size]

@@ -11,9 +11,9 @@ import sys
 from collections import Counter
 
 from sendstream import Command
-from sendstream.dump import escape
-from sendstream.files import file_events
-from sendstream.paths import PathTracker, Statistics, statistics_lines
+from sendstream.analysis.paths import PathTracker, Statistics, statistics_lines
+from sendstream.io.files import file_events
+from sendstream.render.dump import escape
 
 statistics = Statistics()
 tracker = PathTracker()

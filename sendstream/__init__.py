@@ -10,40 +10,40 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .command import Command
-    from .crc import crc32c, reference_crc32c
-    from .decoder import NEED_DATA, Decoder, EndOfInput, Framer, NeedData, Restart, StreamHeader
-    from .encoder import Encoder, encode_command, encode_stream_header
+    from .codec.crc import crc32c, reference_crc32c
+    from .codec.decoder import NEED_DATA, Decoder, EndOfInput, Framer, NeedData, Restart, StreamHeader
+    from .codec.encoder import Encoder, encode_command, encode_stream_header
     from .errors import FormatError, SendStreamError, UsageError
-    from .files import events
-    from .specs import Timespec
-    from .verify import Report, verify_file
+    from .format.command import Command
+    from .format.specs import Timespec
+    from .io.files import events
+    from .ops.verify import Report, verify_file
 
 __version__ = "0.1.0"
 
 # Where each public name lives: loaded on first use, so that `import
 # sendstream.cli` (every command's start-up) pays only for what it runs.
 _HOME = {
-    "NEED_DATA": "decoder",
-    "Command": "command",
-    "Decoder": "decoder",
-    "Encoder": "encoder",
-    "EndOfInput": "decoder",
+    "NEED_DATA": "codec.decoder",
+    "Command": "format.command",
+    "Decoder": "codec.decoder",
+    "Encoder": "codec.encoder",
+    "EndOfInput": "codec.decoder",
     "FormatError": "errors",
-    "Framer": "decoder",
-    "NeedData": "decoder",
-    "Report": "verify",
-    "Restart": "decoder",
+    "Framer": "codec.decoder",
+    "NeedData": "codec.decoder",
+    "Report": "ops.verify",
+    "Restart": "codec.decoder",
     "SendStreamError": "errors",
-    "StreamHeader": "decoder",
-    "Timespec": "specs",
+    "StreamHeader": "codec.decoder",
+    "Timespec": "format.specs",
     "UsageError": "errors",
-    "crc32c": "crc",
-    "encode_command": "encoder",
-    "encode_stream_header": "encoder",
-    "events": "files",
-    "reference_crc32c": "crc",
-    "verify_file": "verify",
+    "crc32c": "codec.crc",
+    "encode_command": "codec.encoder",
+    "encode_stream_header": "codec.encoder",
+    "events": "io.files",
+    "reference_crc32c": "codec.crc",
+    "verify_file": "ops.verify",
 }
 __all__ = [
     "NEED_DATA",

@@ -16,19 +16,19 @@ import click
 
 from . import __version__
 from . import errors as e
-from .command import Command
-from .crc import IMPLEMENTATION
-from .decoder import MAX_COMMAND_SIZE, Framer, Restart, StreamHeader
-from .files import FlushBeforeRead, atomic_output, file_events, is_regular, is_special, open_input
-from .layout import MAX_VERSION
-from .native import PATH
-from .verify import Report, find_headers, verify_file
+from .codec.crc import IMPLEMENTATION
+from .codec.decoder import MAX_COMMAND_SIZE, Framer, Restart, StreamHeader
+from .codec.native import PATH
+from .format.command import Command
+from .format.layout import MAX_VERSION
+from .io.files import FlushBeforeRead, atomic_output, file_events, is_regular, is_special, open_input
+from .ops.verify import Report, find_headers, verify_file
 
 if TYPE_CHECKING:
-    from .resume import Checkpoint
-    from .session import SessionReceiver
-    from .tls import Channel
-    from .transport import Progress, Summary
+    from .net.session.drivers import SessionReceiver
+    from .net.tls.channel import Channel
+    from .net.transport import Progress, Summary
+    from .ops.resume import Checkpoint
 
 # Modules that only some commands need (network, extraction, paths, dump,
 # repair, the writer, subprocess) load when those commands run: imported
@@ -68,7 +68,7 @@ def _tracker_options(f: Any) -> Any:
 
 
 def _tracker_limits(max_names: int | None, max_held: int | None) -> dict[str, int]:
-    from .paths import MAX_HELD, MAX_NAMES
+    from .analysis.paths import MAX_HELD, MAX_NAMES
 
     return {"max_names": max_names or MAX_NAMES, "max_held": max_held or MAX_HELD}
 
@@ -220,7 +220,7 @@ def _warn(problems: e.ProblemLog, shown: int = 0, *, final: bool = True, skip: t
 @_max_size_option
 def dump(stream: str, as_json: bool, strict: bool, max_command_size: int | None) -> None:
     """Print every command of STREAM (a file or -), like `btrfs receive --dump`."""
-    from .dump import TextDumper, json_line
+    from .render.dump import TextDumper, json_line
 
     out = sys.stdout.buffer
     framer = Framer(strict=strict, max_command_size=max_command_size)
@@ -344,8 +344,8 @@ def convert(
     """
     downgrader = None
     if to_version is not None:
-        from .downgrade import MAX_ZERO_FILL, Downgrader
-        from .paths import MAX_NAMES
+        from .analysis.paths import MAX_NAMES
+        from .ops.downgrade import MAX_ZERO_FILL, Downgrader
 
         downgrader = Downgrader(
             warn=lambda message: click.echo(f"sendstream: warning: {message}", err=True),
@@ -354,7 +354,7 @@ def convert(
         )
     elif max_zero_fill is not None or max_names is not None:
         raise click.UsageError("--max-zero-fill and --max-names go with --to-version 1")
-    from .encoder import Encoder
+    from .codec.encoder import Encoder
 
     encoder = Encoder()
     framer = Framer(max_command_size=max_command_size)
@@ -374,7 +374,7 @@ def _subvolume_changes(
     stream: str, max_command_size: int | None, max_names: int | None, max_held: int | None
 ) -> Iterator[tuple[Any, bool]]:
     """Each subvolume's changes as soon as they are known, and whether there are several."""
-    from .changes import each_subvolume
+    from .analysis.changes import each_subvolume
 
     framer = Framer(max_command_size=max_command_size)
     with open_input(stream) as source:
@@ -398,7 +398,7 @@ def ls_command(
     btrfs' temporary names never show: a file created as o257-5-0 and
     renamed into place is `created` at its final path.
     """
-    from .changes import ls_json_pieces, ls_lines
+    from .analysis.changes import ls_json_pieces, ls_lines
 
     out = sys.stdout.buffer
     try:
@@ -427,7 +427,7 @@ def diff(stream: str, as_json: bool, max_names: int | None, max_held: int | None
     [data mode,owner,times,xattrs,fileattr]. --json: added, removed,
     renamed (from, to), modified, metadata.
     """
-    from .changes import diff_json_pieces, diff_lines
+    from .analysis.changes import diff_json_pieces, diff_lines
 
     out = sys.stdout.buffer
     try:
@@ -488,9 +488,9 @@ def _accepted(
     raised. ``log`` hears which TLS path each direction took, and every
     reconnect.
     """
-    from .session import failure_status
-    from .tls import accept_channel
-    from .transport import accept_sender, listen, parse_address
+    from .net.session.drivers import failure_status
+    from .net.tls.channel import accept_channel
+    from .net.transport import accept_sender, listen, parse_address
 
     keys = (lambda name: key if name == identity else None) if key else None
     host, port = parse_address(address, listen=True)
@@ -534,7 +534,7 @@ def repair(source: str, target: str, keep_last: bool, quiet: bool, max_command_s
     they are dropped with the partial command before the restart. A file OUT
     appears only when the whole input was repaired.
     """
-    from .repair import Healer
+    from .ops.repair import Healer
 
     framer = Framer(max_command_size=max_command_size)
     with open_input(source) as inp, atomic_output(target) as out:
@@ -569,7 +569,7 @@ def _psk(mode: str, key_file: str | None, identity: str, leg: str = "") -> bytes
     """The key of ``--tls``/``--key``/``--identity`` (of a relay's ``leg``): the file, else a password asked."""
     import getpass
 
-    from .tls import derive_key, load_key
+    from .net.tls.channel import derive_key, load_key
 
     flag = f"--{leg}-" if leg else "--"
     if mode == "none":
@@ -612,8 +612,8 @@ def _connector(
     target: str, mode: str, key: bytes | None, identity: str, timeout: float, log: Callable[[str], object]
 ) -> Callable[[], Channel]:
     """A new channel to ``target`` (TCP connect and handshake) on every call; the first is described to ``log``."""
-    from .tls import connect_channel
-    from .transport import connect, parse_address
+    from .net.tls.channel import connect_channel
+    from .net.transport import connect, parse_address
 
     host, port = parse_address(target)
     shown = False
@@ -632,7 +632,7 @@ def _connector(
 
 
 def _quiet_progress(label: str, quiet: bool) -> Progress:
-    from .transport import Progress
+    from .net.transport import Progress
 
     return Progress(label, enabled=False if quiet else None)
 
@@ -683,14 +683,14 @@ def send(
     checked against the token up to the token's offset, and only the rest
     is sent.
     """
-    from .transport import send_resumable, send_stream
+    from .net.transport import send_resumable, send_stream
 
     if no_status and (resumable or token):
         raise e.UsageError("--no-status is for a receiver that is not sendstream; a session needs sendstream")
     key = _psk(mode, key_file, identity)
     checkpoint = None
     if token is not None:
-        from .resume import read_token
+        from .ops.resume import read_token
 
         checkpoint = read_token(token, key)
 
@@ -746,8 +746,8 @@ def receive(
     holds a resume token); if either side stops, `receive --resume` and
     `send --resume TOKEN` continue from the last checkpoint.
     """
-    from .resume import load_state, make_token, refuse_unfinished
-    from .transport import receive_resumable
+    from .net.transport import receive_resumable
+    from .ops.resume import load_state, make_token, refuse_unfinished
 
     if output and command:
         raise e.UsageError("give -o or --exec, not both")
@@ -800,8 +800,8 @@ def _receive_into_journal(
 ) -> Summary:
     import signal
 
-    from .resume import Journal
-    from .transport import receive_resumable
+    from .net.transport import receive_resumable
+    from .ops.resume import Journal
 
     # SIGTERM ends the transfer like an error: the token is printed, the journal kept
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -827,7 +827,7 @@ def _receive_into_child(session: SessionReceiver, command: str, progress: Progre
     import shlex
     import subprocess
 
-    from .transport import receive_resumable
+    from .net.transport import receive_resumable
 
     child = subprocess.Popen(shlex.split(command), stdin=subprocess.PIPE)
     assert child.stdin is not None
@@ -890,7 +890,7 @@ def relay(
     success only once the receiver reported it, and the receiver's failure
     otherwise.
     """
-    from .relay import relay_stream
+    from .net.relay import relay_stream
 
     listen_key = _psk(listen_mode, listen_key_file, listen_identity, "listen")
     to_key = _psk(to_mode, to_key_file, to_identity, "to")
@@ -968,7 +968,7 @@ def extract(
     cannot apply here (fileattr, --no-data extents, xattrs or devices the
     file system or user may not have) are skipped with a warning.
     """
-    from .extract import MAX_CLONE_COPY, Extractor, parse_clone_from
+    from .extract.extractor import MAX_CLONE_COPY, Extractor, parse_clone_from
 
     sources, dirs = parse_clone_from(clone_from)
     framer = Framer(max_command_size=max_command_size)
@@ -1010,7 +1010,7 @@ def paths(
     comes when its END is read; a command without a path (one the library
     does not know) is printed at once.
     """
-    from .paths import record_json_line, record_line, resolve
+    from .analysis.paths import record_json_line, record_line, resolve
 
     out = sys.stdout.buffer
     framer = Framer(max_command_size=max_command_size)
@@ -1029,7 +1029,7 @@ def paths(
 @_max_size_option
 def stats(stream: str, max_command_size: int | None) -> None:
     """Count commands and bytes per command kind in each stream of STREAM (a file or -)."""
-    from .paths import Statistics, statistics_lines
+    from .analysis.paths import Statistics, statistics_lines
 
     framer = Framer(max_command_size=max_command_size)
     statistics = Statistics()

@@ -1,13 +1,17 @@
-"""The one exception hierarchy of sendstream.
+"""The one exception hierarchy of sendstream, and the exit codes the CLI maps it to.
 
 Corrupt input (:class:`FormatError` and its leaves) and caller misuse
 (:class:`UsageError`) are separate branches of :class:`SendStreamError`.
-Every format error carries the byte offset, the command index and name, and
-what was expected, plus the exit code the CLI maps it to.
+Every error about a place in a stream (a format error, an extraction that
+failed, a limit reached) says where with one mixin, :class:`Located`: the
+byte offset, the command index and name, and what was expected. Causes are
+data, not text to parse: a :class:`TlsError` has a :class:`TlsCause`, and
+whether a new connection may cure it (``retryable``).
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterator, Sequence
 from typing import overload
 
@@ -73,7 +77,60 @@ class ChildFailed(SendStreamError):
     exit_code = EXIT_CHILD
 
 
-class LimitExceeded(SendStreamError):
+def shown(raw: bytes) -> str:
+    """A name or path of a stream in a message: undecodable bytes and control characters escaped."""
+    text = raw.decode("utf-8", "backslashreplace")
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+class Located:
+    """Where in a stream an error happened, and what was expected there.
+
+    ``offset`` (of the command, or of the attribute at fault), ``index`` and
+    ``command`` (its number among the input's commands, and its name), and
+    where it applies ``attribute``, ``path``, ``expected`` and ``actual``.
+    """
+
+    kind = "error"
+    message: str
+    offset: int | None
+    index: int | None = None
+    command: str | None = None
+    attribute: str | None = None
+    path: bytes | None = None
+    expected: object = None
+    actual: object = None
+
+    def where(self) -> str:
+        """``offset 705, command #12 (write), path 'f'``, as far as known."""
+        parts = []
+        if self.offset is not None:
+            parts.append(f"offset {self.offset}")
+        if self.index is not None:
+            parts.append(f"command #{self.index}")
+        if self.command is not None:
+            if parts:
+                parts[-1] += f" ({self.command})"
+            else:
+                parts.append(self.command)
+        if self.path is not None:
+            parts.append(f"path '{shown(self.path)}'")
+        return ", ".join(parts)
+
+    def __str__(self) -> str:
+        where = self.where()
+        text = f"{where}: " if where else ""
+        text += f"{self.kind}: {self.message}"
+        if self.attribute is not None:
+            text += f" [attribute {self.attribute}]"
+        if self.expected is not None:
+            text += f"; expected {self.expected}"
+            if self.actual is not None:
+                text += f", got {self.actual}"
+        return text
+
+
+class LimitExceeded(Located, SendStreamError):
     """The input asks for more than a limit allows (memory, output, copies).
 
     ``option`` names the command-line option that raises ``limit``; the
@@ -81,6 +138,7 @@ class LimitExceeded(SendStreamError):
     """
 
     exit_code = EXIT_LIMIT
+    kind = "limit reached"
 
     def __init__(
         self,
@@ -92,7 +150,7 @@ class LimitExceeded(SendStreamError):
         index: int | None = None,
         command: str | None = None,
     ) -> None:
-        self.message = message
+        self.message = f"{message} (the limit is {limit}; {option} raises it)"
         self.limit = limit
         self.option = option
         self.offset = offset
@@ -100,19 +158,8 @@ class LimitExceeded(SendStreamError):
         self.command = command
         super().__init__(str(self))
 
-    def __str__(self) -> str:
-        where = ""
-        if self.offset is not None:
-            where = f"offset {self.offset}"
-            if self.index is not None:
-                where += f", command #{self.index}"
-            if self.command is not None:
-                where += f" ({self.command})"
-            where += ": "
-        return f"{where}limit reached: {self.message} (the limit is {self.limit}; {self.option} raises it)"
 
-
-class FormatError(SendStreamError):
+class FormatError(Located, SendStreamError):
     """The stream breaks the send-stream format."""
 
     exit_code = EXIT_CORRUPT
@@ -137,21 +184,6 @@ class FormatError(SendStreamError):
         self.expected = expected
         self.actual = actual
         super().__init__(str(self))
-
-    def __str__(self) -> str:
-        where = f"offset {self.offset}"
-        if self.index is not None:
-            where += f", command #{self.index}"
-        if self.command is not None:
-            where += f" ({self.command})"
-        text = f"{where}: {self.kind}: {self.message}"
-        if self.attribute is not None:
-            text += f" [attribute {self.attribute}]"
-        if self.expected is not None:
-            text += f"; expected {self.expected}"
-            if self.actual is not None:
-                text += f", got {self.actual}"
-        return text
 
 
 class BadStreamHeader(FormatError):
@@ -220,6 +252,152 @@ class TruncatedStream(FormatError):
 
     exit_code = EXIT_TRUNCATED
     kind = "truncated stream"
+
+
+class DowngradeError(FormatError):
+    """A command that cannot be expressed in v1 (encrypted data, bad compressed data)."""
+
+    kind = "cannot downgrade"
+
+
+class PrefixDiffers(FormatError):
+    """The stream read again is not the one the resume token is for."""
+
+    exit_code = EXIT_USAGE
+    kind = "another stream"
+
+
+class ResumeError(SendStreamError):
+    """A resume token or resume state that cannot be used."""
+
+    exit_code = EXIT_USAGE
+
+
+# --- extraction ---------------------------------------------------------------------------------------------------
+
+
+class ExtractError(Located, SendStreamError):
+    """Applying a stream failed at a command; nothing of that command was done.
+
+    Like :class:`FormatError` it says where (:class:`Located`), plus the
+    ``path`` the command names and, for an error of the file system, its
+    ``errno``; the extractor fills in the place when it is not given.
+    """
+
+    kind = "cannot extract"
+    exit_code = EXIT_CORRUPT
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        offset: int | None = None,
+        index: int | None = None,
+        command: str | None = None,
+        path: bytes | None = None,
+        expected: object = None,
+        actual: object = None,
+        errno: int | None = None,
+    ) -> None:
+        self.message = message
+        self.offset = offset
+        self.index = index
+        self.command = command
+        self.path = path
+        self.expected = expected
+        self.actual = actual
+        self.errno = errno
+        super().__init__(message)
+
+
+class UnsafePath(ExtractError):
+    """The stream names a path that leaves DIR or goes through a symlink."""
+
+    kind = "unsafe path"
+
+
+class BadCommand(ExtractError):
+    """A command's values cannot be applied (out of range, bad compressed data, a command out of place)."""
+
+    kind = "bad command"
+
+
+class ApplyError(ExtractError):
+    """The file system refused the command (the errno is kept)."""
+
+    kind = "cannot apply"
+    exit_code = EXIT_IO
+
+
+class CloneSourceMissing(ExtractError):
+    """A CLONE names a subvolume that was not given as a clone source."""
+
+    kind = "clone source not found"
+    exit_code = EXIT_USAGE
+
+
+# --- the network --------------------------------------------------------------------------------------------------
+
+
+class TlsCause(enum.Enum):
+    """Why a TLS session failed, as far as the library and the peer's alerts tell."""
+
+    KEY = "wrong key or identity"
+    MODE = "the peer uses another TLS mode"
+    IDENTITY_OR_MODE = "unknown identity, or another TLS mode"
+    KEY_OR_MODE = "wrong key or identity, or another TLS mode"
+    NOT_TLS = "the peer does not speak TLS, or said nothing in time"
+    ALERT = "the peer sent an alert"
+    AUTHENTICATION = "a record failed authentication"
+    TRUNCATED = "the connection ended without close_notify"
+    SETUP = "the TLS library cannot be set up"
+    OTHER = "other"
+
+    @property
+    def retryable(self) -> bool:
+        """Whether a new connection may cure it: not a wrong key, mode or forged data."""
+        return self in (TlsCause.NOT_TLS, TlsCause.TRUNCATED, TlsCause.OTHER)
+
+
+class TlsError(SendStreamError):
+    """A TLS session could not be set up, or broke; ``cause`` says why."""
+
+    exit_code = EXIT_TLS
+    default_cause = TlsCause.OTHER
+
+    def __init__(self, message: str, cause: TlsCause | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause or self.default_cause
+
+    @property
+    def retryable(self) -> bool:
+        return self.cause.retryable
+
+
+class HandshakeError(TlsError):
+    """The handshake failed: wrong key or identity, another mode, or a peer that does not speak TLS."""
+
+
+class TruncationError(TlsError):
+    """The TCP connection ended without a TLS close_notify: the data may be cut short."""
+
+    default_cause = TlsCause.TRUNCATED
+
+
+class KeyFileError(TlsError):
+    """A key file that cannot be read, is malformed, or is open to group or others."""
+
+    default_cause = TlsCause.SETUP
+
+
+class SessionError(SendStreamError):
+    """The peer broke the session protocol, or the session cannot continue."""
+
+    exit_code = EXIT_IO
+
+
+class DownstreamFailed(RemoteError):
+    """A relay's downstream leg failed: its receiver reported a failure, or the connection could not go on."""
 
 
 class ProblemLog(Sequence[FormatError]):

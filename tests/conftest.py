@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from sendstream import Command, Decoder, EndOfInput, NeedData, StreamHeader, encode_command, encode_stream_header
-from sendstream.decoder import Restart
-from sendstream.dump import TextDumper
-from sendstream.files import iter_events
+from sendstream.codec.decoder import Restart
+from sendstream.io.files import iter_events
+from sendstream.render.dump import TextDumper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 from loopfs import btrfs_loop, require_btrfs

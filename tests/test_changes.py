@@ -1,7 +1,7 @@
 """ls and diff against an independent diff of the trees before and after the incremental.
 
 The expected diff is built from the file system alone: the parent stream is
-extracted (sendstream.extract), every inode of it is held open (so no inode
+extracted (sendstream.extract.extractor), every inode of it is held open (so no inode
 number is reused), the incremental is applied in place, and the two trees
 are compared by inode number: a name (parent directory inode, name) that
 moved is a rename, a gone inode's names are removed, a new inode's names are
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from sendstream.changes import (
+from sendstream.analysis.changes import (
     Change,
     SubvolumeChanges,
     changes,
@@ -30,8 +30,8 @@ from sendstream.changes import (
     ls_json,
     ls_lines,
 )
-from sendstream.extract import extract
-from sendstream.files import file_events
+from sendstream.extract.extractor import extract
+from sendstream.io.files import file_events
 
 
 @dataclass

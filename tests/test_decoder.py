@@ -9,7 +9,7 @@ from conftest import END, canon, command_bytes, crafted, decode, random_chunks, 
 
 from sendstream import Command, Decoder, Encoder, EndOfInput, NeedData, StreamHeader, encode_stream_header
 from sendstream import errors as e
-from sendstream.files import iter_events
+from sendstream.io.files import iter_events
 
 
 def roundtrip(data: bytes) -> bytes:
@@ -128,7 +128,7 @@ def test_attribute_errors(attrs: list[tuple[int, bytes]], error: type[e.FormatEr
 def test_a_tlv_running_past_its_command() -> None:
     good = command_bytes(11, [(15, b"file")], 1)
     payload = good[10:14] + b"fi"  # the TLV says 4 bytes, 2 follow
-    from sendstream.crc import crc32c
+    from sendstream.codec.crc import crc32c
 
     hdr = len(payload).to_bytes(4, "little") + b"\x0b\x00"
     bad = hdr + crc32c(payload, crc32c(hdr + b"\0" * 4)).to_bytes(4, "little") + payload

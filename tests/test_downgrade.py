@@ -18,12 +18,12 @@ import pytest
 from conftest import FIXTURES, btrfs_loop, crafted, need_root_btrfs
 
 from sendstream import Command, Encoder, StreamHeader, encode_command
-from sendstream.downgrade import V1_WRITE_SIZE, DowngradeError, Downgrader, downgrade
-from sendstream.dump import TextDumper
 from sendstream.errors import LimitExceeded
-from sendstream.files import file_events
-from sendstream.format import COMMANDS
-from sendstream.verify import verify_file
+from sendstream.format.declarations import COMMANDS
+from sendstream.io.files import file_events
+from sendstream.ops.downgrade import V1_WRITE_SIZE, DowngradeError, Downgrader, downgrade
+from sendstream.ops.verify import verify_file
+from sendstream.render.dump import TextDumper
 
 V2_STREAMS = ["compressed-v2", "rich-full-v2", "rich-incr-v2"]
 PARENT = {"rich-incr-v2": "rich-full-v2"}
@@ -81,7 +81,7 @@ def test_incremental_equals_the_kernels_v1(tmp_path: Path) -> None:
 def file_data(path: Path) -> dict[bytes, bytes]:
     """The image of every file the stream writes (WRITE and decompressed ENCODED_WRITE), by path."""
     files: dict[bytes, bytearray] = {}
-    from sendstream.compression import decompress
+    from sendstream.codec.compression import decompress
 
     with path.open("rb") as f:
         for ev in file_events(f):

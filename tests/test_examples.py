@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, ROOT
 
-from sendstream.dump import escape
-from sendstream.extract import extract
+from sendstream.extract.extractor import extract
+from sendstream.render.dump import escape
 
 EXAMPLES = ROOT / "examples"
 

@@ -12,8 +12,9 @@ import construct as c
 import pytest
 from conftest import END, FIXTURES, decode
 
-from sendstream import Command, Timespec, crc32c, encode_command, layout, reference_crc32c
-from sendstream import format as f
+from sendstream import Command, Timespec, crc32c, encode_command, reference_crc32c
+from sendstream.format import declarations as f
+from sendstream.format import layout
 
 
 def test_structs_are_derived_from_the_declarations() -> None:
@@ -112,7 +113,7 @@ def test_crc_fast_path_matches_crcmod_on_every_command(stream_path: Path) -> Non
 def test_the_standard_crc32c_is_not_the_btrfs_one() -> None:
     import crc32c as hw
 
-    from sendstream.crc import _package
+    from sendstream.codec.crc import _package
 
     package_crc, _ = _package()
     assert hw.crc32c(b"123456789") == 0xE3069283

@@ -13,15 +13,16 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, command_bytes, crafted, u64
 
-from sendstream import Decoder, native
+from sendstream import Decoder
 from sendstream import errors as e
-from sendstream.command import Command
-from sendstream.files import atomic_output, file_events
-from sendstream.layout import ATTRIBUTE_NUMBERS as A
-from sendstream.layout import COMMAND_NUMBERS as C
-from sendstream.resume import Checkpoint, Journal, Ledger, make_token
-from sendstream.session import stream_identity
-from sendstream.verify import verify_file
+from sendstream.codec import native
+from sendstream.format.command import Command
+from sendstream.format.layout import ATTRIBUTE_NUMBERS as A
+from sendstream.format.layout import COMMAND_NUMBERS as C
+from sendstream.io.files import atomic_output, file_events
+from sendstream.net.session.drivers import stream_identity
+from sendstream.ops.resume import Checkpoint, Journal, Ledger, make_token
+from sendstream.ops.verify import verify_file
 
 CMD = [sys.executable, "-m", "sendstream"]
 SAMPLE = FIXTURES / "rich-full-v2.stream"
@@ -123,7 +124,7 @@ def test_an_input_truncated_while_mapped_is_an_io_error_not_sigbus(tmp_path: Pat
     code = """
 import os, sys
 from sendstream import errors as e
-from sendstream.files import file_events
+from sendstream.io.files import file_events
 path = sys.argv[1]
 with open(path, "rb") as f:
     try:
@@ -253,7 +254,7 @@ def test_the_journal_replaces_a_stale_part_of_its_own_and_ignores_a_planted_toke
 
 
 def test_a_resume_state_that_is_a_symlink_is_not_read(tmp_path: Path) -> None:
-    from sendstream.resume import ResumeError, load_state
+    from sendstream.ops.resume import ResumeError, load_state
 
     key = b"k" * 32
     elsewhere = tmp_path / "elsewhere"

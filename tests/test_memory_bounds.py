@@ -34,8 +34,8 @@ import pytest
 from conftest import END
 
 from sendstream import Command, encode_command, encode_stream_header
-from sendstream.native import NATIVE
-from sendstream.paths import MAX_NAMES, NAME_UNIT
+from sendstream.analysis.paths import MAX_NAMES, NAME_UNIT
+from sendstream.codec.native import NATIVE
 
 MB = 1_000_000
 SIZE = 100 * MB if NATIVE else 10 * MB

@@ -15,7 +15,8 @@ from conftest import FIXTURES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sendstream.messages import (
+from sendstream.net.session.drivers import stream_identity
+from sendstream.net.session.messages import (
     SessionError,
     json_depth,
     parse_ack,
@@ -24,8 +25,7 @@ from sendstream.messages import (
     parse_status,
     printable,
 )
-from sendstream.resume import Checkpoint, ResumeError, _b64, _mac, make_token, read_token
-from sendstream.session import stream_identity
+from sendstream.ops.resume import Checkpoint, ResumeError, _b64, _mac, make_token, read_token
 
 IDENTITY = stream_identity((FIXTURES / "rich-full-v2.stream").read_bytes()[:65536])
 HEAD = b"sendstream-session 1 "

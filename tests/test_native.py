@@ -17,17 +17,17 @@ from hypothesis import strategies as st
 from test_properties import commands
 
 from sendstream import Command, FormatError, crc32c, encode_command, reference_crc32c, verify_file
-from sendstream.decoder import default_max_command_size
-from sendstream.dump import TextDumper
-from sendstream.files import file_events
-from sendstream.native import NATIVE
-from sendstream.scan import python_scan
+from sendstream.codec.decoder import default_max_command_size
+from sendstream.codec.native import NATIVE
+from sendstream.codec.scan import python_scan
+from sendstream.io.files import file_events
+from sendstream.render.dump import TextDumper
 
 if not NATIVE:
     pytest.skip("the native scanner is not in use (not built, or SENDSTREAM_PURE is set)", allow_module_level=True)
 
-from sendstream import _native  # type: ignore[attr-defined]
-from sendstream.native import native_scan
+from sendstream.codec import _native  # type: ignore[attr-defined]
+from sendstream.codec.native import native_scan
 
 
 def streams_of(data: bytes) -> list[tuple[int, int]]:

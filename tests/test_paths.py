@@ -15,11 +15,19 @@ import pytest
 from conftest import FIXTURES, STREAMS, crafted, stream_ids
 
 from sendstream import Command, encode_command
-from sendstream.changes import changes, diff_json, diff_json_pieces, json_line, ls_json, ls_json_pieces
+from sendstream.analysis.changes import changes, diff_json, diff_json_pieces, json_line, ls_json, ls_json_pieces
+from sendstream.analysis.paths import (
+    MAX_STREAMS,
+    NAME_UNIT,
+    PathResolver,
+    PathTracker,
+    Statistics,
+    resolve,
+    statistics_lines,
+)
 from sendstream.errors import LimitExceeded
-from sendstream.files import file_events
-from sendstream.layout import COMMANDS
-from sendstream.paths import MAX_STREAMS, NAME_UNIT, PathResolver, PathTracker, Statistics, resolve, statistics_lines
+from sendstream.format.layout import COMMANDS
+from sendstream.io.files import file_events
 
 SUBVOL_UUID = uuid.UUID(int=1)
 
@@ -274,8 +282,8 @@ def test_a_transient_name_shows_where_it_was_removed() -> None:
 
 
 def test_help_states_the_defaults() -> None:
-    from sendstream.downgrade import MAX_ZERO_FILL
-    from sendstream.paths import MAX_HELD, MAX_NAMES
+    from sendstream.analysis.paths import MAX_HELD, MAX_NAMES
+    from sendstream.ops.downgrade import MAX_ZERO_FILL
 
     for name in ("ls", "diff", "paths"):
         said = " ".join(run(name, "--help").stdout.decode().split())

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sendstream import Command, Decoder, Encoder, FormatError, Timespec, encode_command, verify_file
-from sendstream.format import ATTRIBUTES, COMMANDS, MAX_COMMAND
+from sendstream.format.declarations import ATTRIBUTES, COMMANDS, MAX_COMMAND
 
 VALUES = {
     "u8": st.integers(0, 2**8 - 1),

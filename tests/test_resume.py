@@ -26,8 +26,8 @@ import pytest
 from conftest import FIXTURES
 from test_transport import CMD, free_port
 
-from sendstream.session import stream_identity
-from sendstream.tls import PlainChannel
+from sendstream.net.session.drivers import stream_identity
+from sendstream.net.tls.channel import PlainChannel
 
 SAMPLE = FIXTURES / "rich-full-v2.stream"
 DATA = SAMPLE.read_bytes()
@@ -294,9 +294,9 @@ def test_a_pipe_source_and_one_child_across_reconnects(key: Path, tmp_path: Path
 
 def test_the_sender_holds_at_most_the_window(tmp_path: Path) -> None:
     """Resending never exceeds the window: everything before it was acknowledged."""
-    from sendstream.session import SessionSender
-    from sendstream.tls import PlainChannel
-    from sendstream.transport import accept_sender, connect, listen
+    from sendstream.net.session.drivers import SessionSender
+    from sendstream.net.tls.channel import PlainChannel
+    from sendstream.net.transport import accept_sender, connect, listen
 
     server = listen("127.0.0.1", 0)
     port = server.getsockname()[1]
@@ -377,7 +377,7 @@ _ = sys
 def test_a_sender_giving_up_right_after_data_is_reported_with_its_reason() -> None:
     """An ``X`` frame that arrives with the data before it: the data first, then the sender's reason."""
     from sendstream.errors import RemoteError
-    from sendstream.session import MAGIC, SessionReceiver, open_connection
+    from sendstream.net.session.drivers import MAGIC, SessionReceiver, open_connection
 
     ours, theirs = socket.socketpair()
     reason = b"input: offset 42: bad crc"

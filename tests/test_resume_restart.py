@@ -29,10 +29,10 @@ from test_transport import CMD, free_port
 
 from sendstream import Command, Decoder, Encoder, EndOfInput, StreamHeader
 from sendstream.errors import TruncatedStream
-from sendstream.files import file_events
-from sendstream.repair import Healer
-from sendstream.resume import Checkpoint, Ledger, PrefixDiffers, ResumeError, make_token, read_token
-from sendstream.session import PREFIX_SIZE, stream_identity
+from sendstream.io.files import file_events
+from sendstream.net.session.drivers import PREFIX_SIZE, stream_identity
+from sendstream.ops.repair import Healer
+from sendstream.ops.resume import Checkpoint, Ledger, PrefixDiffers, ResumeError, make_token, read_token
 
 RATE = 80_000
 RETRY = ["-v", "--retries", "12", "--retry-delay", "0.1", "--timeout", "3"]

@@ -28,8 +28,8 @@ import pytest
 from conftest import FIXTURES
 from test_transport import wait_listening
 
-from sendstream import tls
 from sendstream.errors import UsageError
+from sendstream.net.tls import channel as tls
 
 TLS_MODES = [m for m in tls.MODES if m != "none"]
 KEY = bytes(range(32))

@@ -35,7 +35,8 @@ from test_tls import (
 )
 from test_transport import CMD, SAMPLE, sender, transfer
 
-from sendstream import openssl, tls
+from sendstream.net.tls import channel as tls
+from sendstream.net.tls import openssl
 
 MODE = "tls13-aes256-gcm"
 pytestmark = pytest.mark.skipif(tls.why_unavailable(MODE) is not None, reason=f"{tls.why_unavailable(MODE)}")

@@ -108,22 +108,17 @@ else:
 with instrumented:
     import sendstream
     from sendstream import errors as e
-    from sendstream.changes import changes, diff_json, diff_lines, json_line, ls_json, ls_lines
-    from sendstream.command import Command
-    from sendstream.crc import crc32c
-    from sendstream.decoder import NEED_DATA, Decoder, EndOfInput, Framer, Restart, StreamHeader
-    from sendstream.downgrade import Downgrader
-    from sendstream.dump import TextDumper
-    from sendstream.dump import json_line as dump_json_line
-    from sendstream.encoder import Encoder, encode_command, encode_stream_header
-    from sendstream.extract import Extractor
-    from sendstream.files import file_events
-    from sendstream.layout import ATTRIBUTES, COMMAND_NUMBERS, COMMANDS, MAX_VERSION, STREAM_MAGIC
-    from sendstream.native import NATIVE
-    from sendstream.paths import Statistics, record_json_line, record_line, resolve, statistics_lines
-    from sendstream.repair import Healer
-    from sendstream.resume import TOKEN_PREFIX, Checkpoint, Ledger, _b64, _mac, make_token, read_token
-    from sendstream.session import (
+    from sendstream.analysis.changes import changes, diff_json, diff_lines, json_line, ls_json, ls_lines
+    from sendstream.analysis.paths import Statistics, record_json_line, record_line, resolve, statistics_lines
+    from sendstream.codec.crc import crc32c
+    from sendstream.codec.decoder import NEED_DATA, Decoder, EndOfInput, Framer, Restart, StreamHeader
+    from sendstream.codec.encoder import Encoder, encode_command, encode_stream_header
+    from sendstream.codec.native import NATIVE
+    from sendstream.extract.extractor import Extractor
+    from sendstream.format.command import Command
+    from sendstream.format.layout import ATTRIBUTES, COMMAND_NUMBERS, COMMANDS, MAX_VERSION, STREAM_MAGIC
+    from sendstream.io.files import file_events
+    from sendstream.net.session.drivers import (
         MAGIC,
         PREFIX_SIZE,
         STATUS_PREFIX,
@@ -133,8 +128,13 @@ with instrumented:
         parse_status,
         stream_identity,
     )
-    from sendstream.tls import PlainChannel
-    from sendstream.verify import find_headers, verify_file
+    from sendstream.net.tls.channel import PlainChannel
+    from sendstream.ops.downgrade import Downgrader
+    from sendstream.ops.repair import Healer
+    from sendstream.ops.resume import TOKEN_PREFIX, Checkpoint, Ledger, _b64, _mac, make_token, read_token
+    from sendstream.ops.verify import find_headers, verify_file
+    from sendstream.render.dump import TextDumper
+    from sendstream.render.dump import json_line as dump_json_line
 
 FIXTURES = REPO / "fixtures"
 CORPUS = REPO / "tests" / "corpus"
@@ -819,7 +819,7 @@ def tour(version: int) -> bytes:
     """One of every command the version defines, on a small tree."""
     import uuid as uuidlib
 
-    from sendstream.specs import Timespec
+    from sendstream.format.specs import Timespec
 
     me = uuidlib.UUID("5751d173-386b-2e48-a1ec-5e5bd918dd22")
     t = Timespec(1700000000, 5)

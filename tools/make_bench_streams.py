@@ -32,9 +32,9 @@ from loopfs import btrfs_loop, require_btrfs
 from make_fixtures import summarize_path
 
 from sendstream import Command, Decoder, StreamHeader, encode_command
-from sendstream.crc import IMPLEMENTATION as CRC_IMPLEMENTATION
+from sendstream.codec.crc import IMPLEMENTATION as CRC_IMPLEMENTATION
 from sendstream.errors import FormatError
-from sendstream.layout import STREAM_HEADER_SIZE
+from sendstream.format.layout import STREAM_HEADER_SIZE
 
 GiB = 1024**3
 MiB = 1024**2

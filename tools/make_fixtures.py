@@ -50,8 +50,8 @@ from sendstream import (
     encode_stream_header,
 )
 from sendstream.errors import FormatError
-from sendstream.files import iter_events
-from sendstream.layout import COMMAND_HEADER_SIZE, COMMAND_NUMBERS, attribute_name
+from sendstream.format.layout import COMMAND_HEADER_SIZE, COMMAND_NUMBERS, attribute_name
+from sendstream.io.files import iter_events
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from loopfs import btrfs_loop, require_btrfs

@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from . import errors as e
+from ...errors import SessionError
 
 MAGIC = b"sendstream-session"
 VERSION = 1
@@ -43,12 +43,6 @@ _STRUCTURE = re.compile(rb'[\[\]{}"]')
 _STRING_REST = re.compile(rb'(?:[^"\\]|\\.)*"', re.DOTALL)
 _DIGITS = re.compile(rb"[0-9]{1,20}")
 _CODE = re.compile(rb"([0-9]{1,3})(?: |$)")
-
-
-class SessionError(e.SendStreamError):
-    """The peer broke the session protocol, or the session cannot continue."""
-
-    exit_code = e.EXIT_IO
 
 
 def printable(text: str) -> str:

@@ -51,10 +51,10 @@ from collections.abc import Iterable, Iterator
 from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple
 
-from . import errors as e
-from .command import Command
-from .decoder import EndOfInput, Restart
-from .dump import escape, json_bytes
+from .. import errors as e
+from ..codec.decoder import EndOfInput, Restart
+from ..format.command import Command
+from ..render.dump import escape, json_bytes
 from .paths import MAX_HELD, MAX_NAMES, Inode, PathTracker, limit_error
 
 __all__ = [

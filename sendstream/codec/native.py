@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .layout import ATTRIBUTES, COMMANDS, MAX_ATTRIBUTE, MAX_COMMAND, MAX_VERSION
+from ..format.layout import ATTRIBUTES, COMMANDS, MAX_ATTRIBUTE, MAX_COMMAND, MAX_VERSION
 
 # What a scan reports: a partial command at pos (needing ``need`` bytes),
 # pos just after END, a command at pos for the Python path, arrays full.
@@ -25,7 +25,7 @@ LENIENT_COMMANDS, LENIENT_ATTRS, LENIENT_STRICT = 1, 2, 4
 module: Any = None
 if not os.environ.get("SENDSTREAM_PURE"):
     try:
-        from . import _native as module  # type: ignore[no-redef]
+        from . import _native as module  # type: ignore[attr-defined,no-redef]
     except ImportError:  # no compiler at install time
         module = None
 

@@ -44,12 +44,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from . import errors as e
-from .command import Command
-from .compression import MAX_UNENCODED, decompress
-from .decoder import StreamHeader
-from .dump import escape
-from .paths import MAX_NAMES, Inode, PathTracker, limit_error
+from ..analysis.paths import MAX_NAMES, Inode, PathTracker, limit_error
+from ..codec.compression import MAX_UNENCODED, decompress
+from ..codec.decoder import StreamHeader
+from ..errors import DowngradeError
+from ..format.command import Command
+from ..render.dump import escape
 
 __all__ = ["MAX_ZERO_FILL", "V1_WRITE_SIZE", "DowngradeError", "Downgrader", "downgrade"]
 
@@ -66,12 +66,6 @@ _U64_END = 1 << 64
 # ordinary incrementals through (the fixtures' is 32 KiB) and stops a few
 # bytes of input from asking for exabytes; a sparse VM image's may need more.
 MAX_ZERO_FILL = 1 << 30
-
-
-class DowngradeError(e.FormatError):
-    """A command that cannot be expressed in v1 (encrypted data, bad compressed data)."""
-
-    kind = "cannot downgrade"
 
 
 class Downgrader:

@@ -11,11 +11,9 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 
-from . import errors as e
-from . import native
-from .command import Command
-from .crc import crc32c
-from .layout import (
+from .. import errors as e
+from ..format.command import Command
+from ..format.layout import (
     A_DATA,
     ATTRIBUTES,
     C_END,
@@ -35,6 +33,8 @@ from .layout import (
     attribute_name,
     command_name,
 )
+from . import native
+from .crc import crc32c
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,11 +22,11 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, BinaryIO, NamedTuple
 
-from . import errors as e
-from . import native
-from .decoder import HISTORY, Decoder, EndOfInput, Event, Framer, NeedData
-from .native import END, FULL, NEED
-from .scan import Batch, run_batch
+from .. import errors as e
+from ..codec import native
+from ..codec.decoder import HISTORY, Decoder, EndOfInput, Event, Framer, NeedData
+from ..codec.native import END, FULL, NEED
+from ..codec.scan import Batch, run_batch
 
 CHUNK_SIZE = 1 << 20
 WINDOW_SIZE = 16 << 20

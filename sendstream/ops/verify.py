@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from . import errors as e
-from .decoder import Framer
-from .files import file_events, windows_for
-from .layout import STREAM_HEADER_SIZE, STREAM_MAGIC
-from .native import NATIVE, native_scan
+from .. import errors as e
+from ..codec.decoder import Framer
+from ..codec.native import NATIVE, native_scan
+from ..format.layout import STREAM_HEADER_SIZE, STREAM_MAGIC
+from ..io.files import file_events, windows_for
 
 
 @dataclass

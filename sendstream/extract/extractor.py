@@ -86,13 +86,14 @@ from types import TracebackType
 from typing import Any, BinaryIO
 from uuid import UUID
 
-from . import errors as e
-from .command import Command
-from .compression import MAX_UNENCODED, decompress, lzo1x_decompress
-from .decoder import EndOfInput, Restart
-from .dump import escape
-from .files import file_events
-from .paths import Statistics
+from .. import errors as e
+from ..analysis.paths import Statistics
+from ..codec.compression import MAX_UNENCODED, decompress, lzo1x_decompress
+from ..codec.decoder import EndOfInput, Restart
+from ..errors import ApplyError, BadCommand, CloneSourceMissing, ExtractError, UnsafePath
+from ..format.command import Command
+from ..io.files import file_events
+from ..render.dump import escape
 
 __all__ = [
     "MAX_CLONE_COPY",
@@ -146,85 +147,6 @@ MAX_CLONE_COPY = 64 << 30
 
 def _show(raw: bytes) -> str:
     return escape(raw).decode("ascii", "backslashreplace")
-
-
-class ExtractError(e.SendStreamError):
-    """Applying a stream failed at a command; nothing of that command was done.
-
-    Like :class:`sendstream.errors.FormatError` it carries ``offset``,
-    ``index``, ``command``, ``expected`` and ``actual``, plus the ``path`` the
-    command names and, for an error of the file system, its ``errno``.
-    """
-
-    kind = "cannot extract"
-    exit_code = e.EXIT_CORRUPT
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        offset: int | None = None,
-        index: int | None = None,
-        command: str | None = None,
-        path: bytes | None = None,
-        expected: object = None,
-        actual: object = None,
-        errno: int | None = None,
-    ) -> None:
-        self.message = message
-        self.offset = offset
-        self.index = index
-        self.command = command
-        self.path = path
-        self.expected = expected
-        self.actual = actual
-        self.errno = errno
-        super().__init__(message)
-
-    def __str__(self) -> str:
-        where = []
-        if self.offset is not None:
-            where.append(f"offset {self.offset}")
-        if self.index is not None:
-            where.append(f"command #{self.index}" + (f" ({self.command})" if self.command else ""))
-        elif self.command is not None:
-            where.append(self.command)
-        if self.path is not None:
-            where.append(f"path '{_show(self.path)}'")
-        text = f"{', '.join(where)}: " if where else ""
-        text += f"{self.kind}: {self.message}"
-        if self.expected is not None:
-            text += f"; expected {self.expected}"
-            if self.actual is not None:
-                text += f", got {self.actual}"
-        return text
-
-
-class UnsafePath(ExtractError):
-    """The stream names a path that leaves DIR or goes through a symlink."""
-
-    kind = "unsafe path"
-
-
-class BadCommand(ExtractError):
-    """A command's values cannot be applied (out of range, bad compressed data,
-    a command out of place)."""
-
-    kind = "bad command"
-
-
-class ApplyError(ExtractError):
-    """The file system refused the command (the errno is kept)."""
-
-    kind = "cannot apply"
-    exit_code = e.EXIT_IO
-
-
-class CloneSourceMissing(ExtractError):
-    """A CLONE names a subvolume that was not given as a clone source."""
-
-    kind = "clone source not found"
-    exit_code = e.EXIT_USAGE
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -62,7 +62,7 @@ from typing import Any, Final, Generic, NoReturn, TypeVar
 
 import cffi  # type: ignore[import-untyped]
 
-from .errors import EXIT_TLS, SendStreamError, UsageError
+from ...errors import HandshakeError, KeyFileError, TlsCause, TlsError, TruncationError, UsageError
 
 MODES: Final = ("none", "tls12-aes128-gcm", "tls12-aes256-gcm", "tls13-aes128-gcm", "tls13-aes256-gcm")
 DEFAULT_MODE: Final = "tls13-aes128-gcm"
@@ -76,24 +76,6 @@ _MAX_RECORD = 1 << 14  # TLS plaintext limit: a kernel read of this size holds a
 _TRUNCATED = "the connection ended without a TLS close_notify: the data may be truncated"
 _B = TypeVar("_B")
 _PEM = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----\r?\n(.*?)-----END \1-----", re.DOTALL)
-
-
-class TlsError(SendStreamError):
-    """A TLS session could not be set up, or broke."""
-
-    exit_code = EXIT_TLS
-
-
-class HandshakeError(TlsError):
-    """The handshake failed: wrong key or identity, another mode, or a peer that does not speak TLS."""
-
-
-class TruncationError(TlsError):
-    """The TCP connection ended without a TLS close_notify: the data may be cut short."""
-
-
-class KeyFileError(TlsError):
-    """A key file that cannot be read, is malformed, or is open to group or others."""
 
 
 # --- keys ---------------------------------------------------------------------------------------------------------
@@ -209,8 +191,8 @@ _E_UNEXPECTED_PACKET_LENGTH = -9
 _E_FATAL_ALERT_RECEIVED = -12
 _E_TIMEDOUT = -319
 # What a failed handshake most likely means, by GnuTLS error and by the alert the peer sent.
-_KEY, _MODE, _IDENTITY_OR_MODE, _NOT_TLS = "key", "mode", "identity or mode", "not tls"
-_KEY_OR_MODE = "key or mode"
+_KEY, _MODE, _IDENTITY_OR_MODE, _NOT_TLS = TlsCause.KEY, TlsCause.MODE, TlsCause.IDENTITY_OR_MODE, TlsCause.NOT_TLS
+_KEY_OR_MODE = TlsCause.KEY_OR_MODE
 _CAUSES = {
     -24: _KEY,  # decryption failed (TLS 1.2 Finished under the wrong key)
     -18: _KEY,  # error in Finished
@@ -315,7 +297,7 @@ class _GnuTLS:
 
     def check(self, ret: int, what: str) -> None:
         if ret < 0:
-            raise TlsError(f"{what} failed: {self.strerror(ret)}")
+            raise TlsError(f"{what} failed: {self.strerror(ret)}", TlsCause.SETUP)
 
     def strerror(self, ret: int) -> str:
         return str(self.ffi.string(self.lib.gnutls_strerror(ret)).decode()).rstrip(".")
@@ -350,7 +332,7 @@ class _Binding(Generic[_B]):
                 try:
                     self._loaded = self._make()
                 except OSError as exc:
-                    raise TlsError(self._failure.format(exc)) from exc
+                    raise TlsError(self._failure.format(exc), TlsCause.SETUP) from exc
             return self._loaded
 
 
@@ -675,9 +657,9 @@ class TlsChannel(Channel):
             raise self._timed_out(timeout)
 
     def _timed_out(self, timeout: float | None) -> HandshakeError:
-        return HandshakeError(f"TLS handshake timed out after {timeout:.3g} s ({self._hint(_NOT_TLS)})")
+        return HandshakeError(f"TLS handshake timed out after {timeout:.3g} s ({self._hint(_NOT_TLS)})", _NOT_TLS)
 
-    def _hint(self, cause: str) -> str:
+    def _hint(self, cause: TlsCause | None) -> str:
         if cause == _KEY:
             return "wrong key or identity?"
         if cause == _MODE:
@@ -812,7 +794,9 @@ class TlsChannel(Channel):
                 return True
             if level == 1:  # a warning (user_canceled): close_notify follows
                 return False
-            self._fail_rx(TlsError(f"TLS receive failed: the peer sent alert {alert} ({self._alert_name(alert)})"))
+            self._fail_rx(
+                TlsError(f"TLS receive failed: the peer sent alert {alert} ({self._alert_name(alert)})", TlsCause.ALERT)
+            )
         if kind == _HANDSHAKE:
             pos = 0
             while pos + 4 <= len(record):
@@ -847,7 +831,9 @@ class TlsChannel(Channel):
         if exc.errno in (errno.ECONNRESET, errno.EPIPE):
             return TruncationError(_TRUNCATED)
         if exc.errno == errno.EBADMSG:
-            return TlsError("a TLS record failed authentication in the kernel (corrupted or forged data)")
+            return TlsError(
+                "a TLS record failed authentication in the kernel (corrupted or forged data)", TlsCause.AUTHENTICATION
+            )
         return TlsError(f"TLS receive failed in the kernel: {exc.strerror}")
 
     def _sendfile(self, fd: int, offset: int, count: int) -> int:
@@ -956,13 +942,13 @@ class GnuTlsChannel(TlsChannel):
         gnutls = self._gnutls
         if ret == _E_TIMEDOUT:
             return self._timed_out(timeout)
-        what, cause = gnutls.strerror(ret), _CAUSES.get(ret, "")
+        what, cause = gnutls.strerror(ret), _CAUSES.get(ret)
         if ret == _E_FATAL_ALERT_RECEIVED:
             alert = gnutls.lib.gnutls_alert_get(self._session)
-            what, cause = f"the peer sent alert {alert} ({self._alert_name(alert)})", _ALERT_CAUSES.get(alert, "")
+            what, cause = f"the peer sent alert {alert} ({self._alert_name(alert)})", _ALERT_CAUSES.get(alert)
         elif ret in (_E_PREMATURE_TERMINATION, _E_PULL_ERROR):
             what = "the peer closed the connection"
-        return HandshakeError(f"TLS handshake failed: {what} ({self._hint(cause)})")
+        return HandshakeError(f"TLS handshake failed: {what} ({self._hint(cause)})", cause)
 
     def _library_ktls(self) -> tuple[bool, bool]:
         return False, False  # Debian's GnuTLS is built without its own kTLS
@@ -1048,7 +1034,8 @@ class GnuTlsChannel(TlsChannel):
             return OSError(err, f"TLS {what} failed: {os.strerror(err)}")
         if ret == _E_FATAL_ALERT_RECEIVED:
             alert = self._gnutls.lib.gnutls_alert_get(self._session)
-            return TlsError(f"TLS {what} failed: the peer sent alert {alert} ({self._alert_name(alert)})")
+            name = self._alert_name(alert)
+            return TlsError(f"TLS {what} failed: the peer sent alert {alert} ({name})", TlsCause.ALERT)
         return TlsError(f"TLS {what} failed: {self._gnutls.strerror(ret)}")
 
 
@@ -1057,7 +1044,7 @@ def _check_mode(mode: str) -> None:
     if reason and mode not in MODES:
         raise UsageError(reason)
     if reason:
-        raise TlsError(reason)
+        raise TlsError(reason, TlsCause.SETUP)
 
 
 def _ktls_wanted(ktls: bool | None) -> bool:
@@ -1136,7 +1123,9 @@ def accept_channel(
             if server_keys.error is not None:
                 raise server_keys.error from exc
             if server_keys.unknown is not None:
-                raise HandshakeError(f"TLS handshake failed: unknown PSK identity {server_keys.unknown!r}") from exc
+                raise HandshakeError(
+                    f"TLS handshake failed: unknown PSK identity {server_keys.unknown!r}", TlsCause.KEY
+                ) from exc
             raise
         channel._offload()
     except BaseException:

@@ -70,24 +70,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import errors as e
-from .command import Command
-from .decoder import NEED_DATA, Decoder, StreamHeader
-from .listener import Listener
+from ... import errors as e
+from ...codec.decoder import NEED_DATA, Decoder, StreamHeader
+from ...errors import ResumeError, SessionError, TlsError, TruncationError
+from ...format.command import Command
+from ..listener import Listener
+from ..tls.channel import Channel
 from .messages import (
     MAGIC,
     MAX_LINE,
     STATUS_PREFIX,
     VERSION,
-    SessionError,
     parse_ack,
     parse_answer,
     parse_hello,
     parse_status,
     printable,
 )
-from .resume import ResumeError
-from .tls import Channel, HandshakeError, TlsError, TruncationError
 
 PREFIX_SIZE = 64 << 10
 WINDOW_SIZE = 64 << 20
@@ -108,14 +107,11 @@ class Dropped(Exception):
 
 
 def transient(exc: BaseException) -> bool:
-    """True for a failure a new connection may cure (a cut, a stall, a refused connect)."""
-    if isinstance(exc, (Dropped, TruncationError, TimeoutError, ConnectionError, EOFError)):
+    """True for a failure a new connection may cure (a cut, a stall, a refused connect), by its cause."""
+    if isinstance(exc, (Dropped, TimeoutError, ConnectionError, EOFError)):
         return True
-    if isinstance(exc, HandshakeError):
-        text = str(exc)
-        return not any(s in text for s in ("wrong key", "does the peer use", "unknown identity", "unknown PSK"))
     if isinstance(exc, TlsError):
-        return "alert" not in str(exc) and "authentication" not in str(exc)
+        return exc.retryable
     return isinstance(exc, OSError)
 
 

@@ -33,10 +33,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import errors as e
-from .files import OutputDirectory, OutputFile
-from .layout import COMMAND_HEADER_SIZE, STREAM_HEADER_SIZE
-from .messages import MAX_OFFSET, SessionError, check_identity, load_json
+from .. import errors as e
+from ..errors import PrefixDiffers, ResumeError, SessionError
+from ..format.layout import COMMAND_HEADER_SIZE, STREAM_HEADER_SIZE
+from ..io.files import OutputDirectory, OutputFile
+from ..net.session.messages import MAX_OFFSET, check_identity, load_json
 
 TOKEN_PREFIX = "ssr1."
 STATE_SUFFIX = ".resume"
@@ -47,19 +48,6 @@ _TOKEN_FIELDS = {"stream", "offset", "commands", "ledger"}
 _LEDGER = re.compile("[0-9a-f]{64}")
 _HEADER_MARK = 0xFFFFFFFF  # in the lengths digest: a stream header (no command is that long)
 _MAX_TOKEN = 8192
-
-
-class ResumeError(e.SendStreamError):
-    """A resume token or resume state that cannot be used."""
-
-    exit_code = e.EXIT_USAGE
-
-
-class PrefixDiffers(e.FormatError):
-    """The stream read again is not the one the resume token is for."""
-
-    exit_code = e.EXIT_USAGE
-    kind = "another stream"
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,9 @@ the decoder read gives the same bytes back.
 
 from __future__ import annotations
 
-from . import errors as e
-from .command import Command
-from .crc import crc32c
-from .decoder import EndOfInput, Event, Restart, StreamHeader
-from .layout import (
+from .. import errors as e
+from ..format.command import Command
+from ..format.layout import (
     A_DATA,
     C_END,
     COMMAND_HEADER,
@@ -20,6 +18,8 @@ from .layout import (
     TLV_HEADER,
     TLV_TYPE,
 )
+from .crc import crc32c
+from .decoder import EndOfInput, Event, Restart, StreamHeader
 
 _TLV_MAX = 0xFFFF
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import construct as c
 
-from .errors import FormatError
+from ..errors import FormatError
 from .specs import AttributeSpec, CommandSpec, Timespec
 
 STREAM_MAGIC = b"btrfs-stream\0"
@@ -236,6 +236,7 @@ def generate() -> str:
 
 LAYOUT_FILE = Path(__file__).with_name("_layout.py")
 
-if __name__ == "__main__":
+def main() -> None:
+    """``python -m sendstream.format``: write the generated layout."""
     LAYOUT_FILE.write_text(generate())
     print(f"wrote {LAYOUT_FILE}", file=sys.stderr)

@@ -65,11 +65,10 @@ from array import array
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
-from . import errors as e
-from .command import Command
-from .decoder import Restart, StreamHeader
-from .dump import escape, json_bytes
-from .layout import (
+from .. import errors as e
+from ..codec.decoder import Restart, StreamHeader
+from ..format.command import Command
+from ..format.layout import (
     A_DATA,
     ATTRIBUTE_NUMBERS,
     COMMAND_HEADER_SIZE,
@@ -78,6 +77,7 @@ from .layout import (
     TLV_TYPE,
     command_name,
 )
+from ..render.dump import escape, json_bytes
 
 # Commands that make a new entry, remove one, or start a new name space.
 _CREATE = frozenset({"mkfile", "mkdir", "mknod", "mkfifo", "mksock", "symlink"})

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import FormatError
 from .decoder import Framer
-from .errors import FormatError
 from .native import END, NEED, STOP
 
 # batch(window, pos, version, limit, origin, unknown) -> (pos, status, need, count, nbytes);

@@ -17,12 +17,12 @@ import time
 import uuid
 from typing import Any, BinaryIO
 
-from . import errors as e
-from .command import Command
-from .layout import MAX_VERSION, attribute_name, attribute_spec, decode_value
-from .layout import A as _A
-from .native import NATIVE, module
-from .scan import Batch
+from .. import errors as e
+from ..codec.native import NATIVE, module
+from ..codec.scan import Batch
+from ..format.command import Command
+from ..format.layout import MAX_VERSION, attribute_name, attribute_spec, decode_value
+from ..format.layout import A as _A
 
 _TEXT_BATCH = 1 << 20
 

@@ -32,17 +32,15 @@ from typing import Any, Final
 
 import cffi  # type: ignore[import-untyped]
 
-from .tls import (
+from ...errors import HandshakeError, TlsCause, TlsError, TruncationError
+from .channel import (
     _ALERT_CAUSES,
     _KEY,
     _KEY_OR_MODE,
     _MODE,
     _NOT_TLS,
     _TRUNCATED,
-    HandshakeError,
     TlsChannel,
-    TlsError,
-    TruncationError,
     _Binding,
     _ServerKeys,
 )
@@ -359,17 +357,17 @@ class OpenSslChannel(TlsChannel):
 
     def _handshake_error(self, error: int, code: int, sys_errno: int) -> HandshakeError:
         reason = 0 if code & _ERR_SYSTEM_FLAG else code & _ERR_REASON_MASK
-        what, cause = self._reason(code), _CAUSES.get(reason, "")
+        what, cause = self._reason(code), _CAUSES.get(reason)
         if reason == _R_UNEXPECTED_EOF_WHILE_READING or (error == _ERROR_SYSCALL and not code):
             what = "the peer closed the connection"
         elif _AD_REASON_OFFSET < reason < _AD_REASON_OFFSET + 256:
             alert = reason - _AD_REASON_OFFSET
-            what, cause = f"the peer sent alert {alert} ({self._alert_name(alert)})", _ALERT_CAUSES.get(alert, "")
+            what, cause = f"the peer sent alert {alert} ({self._alert_name(alert)})", _ALERT_CAUSES.get(alert)
             if alert == _ILLEGAL_PARAMETER:  # GnuTLS's answer to a binder of another key, or of SHA-256
                 cause = _KEY_OR_MODE
         elif error == _ERROR_SYSCALL and sys_errno:
             what = f"{errno.errorcode.get(sys_errno, sys_errno)}: the peer closed the connection"
-        return HandshakeError(f"TLS handshake failed: {what} ({self._hint(cause)})")
+        return HandshakeError(f"TLS handshake failed: {what} ({self._hint(cause)})", cause)
 
     def _library_ktls(self) -> tuple[bool, bool]:
         lib, null = self._openssl.lib, self._openssl.ffi.NULL
@@ -450,7 +448,8 @@ class OpenSslChannel(TlsChannel):
             return OSError(sys_errno, f"TLS {what} failed: {errno.errorcode.get(sys_errno, sys_errno)}")
         if _AD_REASON_OFFSET < reason < _AD_REASON_OFFSET + 256:
             alert = reason - _AD_REASON_OFFSET
-            return TlsError(f"TLS {what} failed: the peer sent alert {alert} ({self._alert_name(alert)})")
+            name = self._alert_name(alert)
+            return TlsError(f"TLS {what} failed: the peer sent alert {alert} ({name})", TlsCause.ALERT)
         return TlsError(f"TLS {what} failed: {self._reason(code)}")
 
     def _alert_name(self, alert: int) -> str:

@@ -16,13 +16,13 @@ from array import array
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import errors as e
-from .command import Command
-from .decoder import EndOfInput, Event, Restart, StreamHeader
-from .encoder import encode_command, encode_stream_header
-from .layout import COMMAND_HEADER_SIZE, command_name
-from .native import NATIVE, native_scan
-from .scan import Batch
+from .. import errors as e
+from ..codec.decoder import EndOfInput, Event, Restart, StreamHeader
+from ..codec.encoder import encode_command, encode_stream_header
+from ..codec.native import NATIVE, native_scan
+from ..codec.scan import Batch
+from ..format.command import Command
+from ..format.layout import COMMAND_HEADER_SIZE, command_name
 
 if TYPE_CHECKING:
     from .resume import Ledger

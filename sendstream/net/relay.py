@@ -23,14 +23,11 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from . import errors as e
-from .session import WINDOW_SIZE, SessionReceiver, SessionSender
-from .tls import Channel
+from .. import errors as e
+from ..errors import DownstreamFailed
+from .session.drivers import WINDOW_SIZE, SessionReceiver, SessionSender
+from .tls.channel import Channel
 from .transport import PlainSender, Progress, Summary, receive_resumable
-
-
-class DownstreamFailed(e.RemoteError):
-    """The downstream leg failed: its receiver reported a failure, or the connection could not go on."""
 
 
 class Downstream(Protocol):

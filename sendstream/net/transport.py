@@ -21,17 +21,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from . import errors as e
-from .decoder import Framer
-from .files import file_events, is_regular
+from .. import errors as e
+from ..codec.decoder import Framer
+from ..io.files import file_events, is_regular
+from ..ops.repair import Healer
 from .listener import MAX_PENDING
-from .messages import STATUS_PREFIX
-from .repair import Healer
-from .tls import Channel
+from .session.messages import STATUS_PREFIX
+from .tls.channel import Channel
 
 if TYPE_CHECKING:
-    from .resume import Checkpoint, Journal
-    from .session import SessionReceiver
+    from ..ops.resume import Checkpoint, Journal
+    from .session.drivers import SessionReceiver
 
 CONNECT_TIMEOUT = 30.0
 BACKLOG = 16  # the accept loop takes connections at once: this only absorbs bursts
@@ -98,7 +98,7 @@ def accept_sender(
     starts at the checkpoint's offset.
     """
     from .listener import Listener
-    from .session import Opening, SessionReceiver, admit, open_connection
+    from .session.drivers import Opening, SessionReceiver, admit, open_connection
 
     def open_one(sock: socket.socket, deadline: float) -> Opening:
         return open_connection(sock, handshake, deadline, timeout=timeout, idle_timeout=idle_timeout)
@@ -272,7 +272,7 @@ class PlainSender:
         """Cut the connection without close_notify: the receiver sees a truncated stream (no room for ``reason``)."""
         self._channel.interrupt()
         self._reader.join()
-        from .session import _close
+        from .session.drivers import _close
 
         _close(self._channel)
 
@@ -292,7 +292,7 @@ class PlainSender:
                     break
                 got += buf[:n]
             if got.startswith(STATUS_PREFIX) or (got and self._expect):
-                from .messages import parse_status
+                from .session.messages import parse_status
 
                 self.status = parse_status(bytes(got).split(b"\n", 1)[0])
         except Exception as exc:
@@ -364,8 +364,8 @@ def send_resumable(
     With ``resume`` (from a receiver's token) the stream must be the token's
     up to its offset, and only what follows is sent.
     """
-    from .resume import Ledger
-    from .session import WINDOW_SIZE, SessionSender
+    from ..ops.resume import Ledger
+    from .session.drivers import WINDOW_SIZE, SessionSender
 
     sender = SessionSender(
         connect,
@@ -415,7 +415,7 @@ def receive_resumable(
     journal's kept prefix is checked again first, and the session's bytes
     follow it.
     """
-    from .resume import Chain, Ledger, after
+    from ..ops.resume import Chain, Ledger, after
 
     def counted(data: Any) -> None:
         write(data)
