@@ -10,7 +10,7 @@ import sys
 
 from sendstream import Command
 from sendstream.analysis.paths import PathTracker
-from sendstream.io.files import file_events
+from sendstream.io.windows import file_events
 from sendstream.render.dump import escape
 
 

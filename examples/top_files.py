@@ -12,7 +12,7 @@ from collections import Counter
 
 from sendstream import Command
 from sendstream.analysis.paths import PathTracker, Statistics, statistics_lines
-from sendstream.io.files import file_events
+from sendstream.io.windows import file_events
 from sendstream.render.dump import escape
 
 statistics = Statistics()

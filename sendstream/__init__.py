@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .errors import FormatError, SendStreamError, UsageError
     from .format.command import Command
     from .format.specs import Timespec
-    from .io.files import events
+    from .io.windows import events
     from .ops.verify import Report, verify_file
 
 __version__ = "0.1.0"
@@ -41,7 +41,7 @@ _HOME = {
     "crc32c": "codec.crc",
     "encode_command": "codec.encoder",
     "encode_stream_header": "codec.encoder",
-    "events": "io.files",
+    "events": "io.windows",
     "reference_crc32c": "codec.crc",
     "verify_file": "ops.verify",
 }

@@ -21,7 +21,8 @@ from .codec.decoder import MAX_COMMAND_SIZE, Framer, Restart, StreamHeader
 from .codec.native import PATH
 from .format.command import Command
 from .format.layout import MAX_VERSION
-from .io.files import FlushBeforeRead, atomic_output, file_events, is_regular, is_special, open_input
+from .io.outputs import atomic_output, is_special
+from .io.windows import FlushBeforeRead, file_events, is_regular, open_input
 from .ops.verify import Report, find_headers, verify_file
 
 if TYPE_CHECKING:

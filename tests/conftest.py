@@ -17,7 +17,7 @@ import pytest
 
 from sendstream import Command, Decoder, EndOfInput, NeedData, StreamHeader, encode_command, encode_stream_header
 from sendstream.codec.decoder import Restart
-from sendstream.io.files import iter_events
+from sendstream.io.windows import iter_events
 from sendstream.render.dump import TextDumper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))

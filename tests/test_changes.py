@@ -31,7 +31,7 @@ from sendstream.analysis.changes import (
     ls_lines,
 )
 from sendstream.extract.extractor import extract
-from sendstream.io.files import file_events
+from sendstream.io.windows import file_events
 
 
 @dataclass

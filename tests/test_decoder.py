@@ -9,7 +9,7 @@ from conftest import END, canon, command_bytes, crafted, decode, random_chunks, 
 
 from sendstream import Command, Decoder, Encoder, EndOfInput, NeedData, StreamHeader, encode_stream_header
 from sendstream import errors as e
-from sendstream.io.files import iter_events
+from sendstream.io.windows import iter_events
 
 
 def roundtrip(data: bytes) -> bytes:

@@ -23,7 +23,7 @@ from conftest import (
 )
 
 from sendstream import Command
-from sendstream.io.files import iter_events
+from sendstream.io.windows import iter_events
 from sendstream.render.dump import TextDumper, escape, format_time
 
 ZONES = ["UTC", "America/New_York", "Asia/Kolkata", "Australia/Lord_Howe"]

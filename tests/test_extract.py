@@ -53,7 +53,7 @@ from sendstream.extract.extractor import (
     lzo1x_decompress,
     split_path,
 )
-from sendstream.io.files import file_events, iter_events
+from sendstream.io.windows import file_events, iter_events
 
 BLOCK = 4096
 # Incrementals and the full stream of their parent (fixtures/MANIFEST.md).

@@ -19,7 +19,8 @@ from sendstream.codec import native
 from sendstream.format.command import Command
 from sendstream.format.layout import ATTRIBUTE_NUMBERS as A
 from sendstream.format.layout import COMMAND_NUMBERS as C
-from sendstream.io.files import atomic_output, file_events
+from sendstream.io.outputs import atomic_output
+from sendstream.io.windows import file_events
 from sendstream.net.session.drivers import stream_identity
 from sendstream.ops.resume import Checkpoint, Journal, Ledger, make_token
 from sendstream.ops.verify import verify_file
@@ -124,7 +125,7 @@ def test_an_input_truncated_while_mapped_is_an_io_error_not_sigbus(tmp_path: Pat
     code = """
 import os, sys
 from sendstream import errors as e
-from sendstream.io.files import file_events
+from sendstream.io.windows import file_events
 path = sys.argv[1]
 with open(path, "rb") as f:
     try:

@@ -20,7 +20,7 @@ from sendstream import Command, FormatError, crc32c, encode_command, reference_c
 from sendstream.codec.decoder import default_max_command_size
 from sendstream.codec.native import NATIVE
 from sendstream.codec.scan import python_scan
-from sendstream.io.files import file_events
+from sendstream.io.windows import file_events
 from sendstream.render.dump import TextDumper
 
 if not NATIVE:

@@ -27,7 +27,7 @@ from sendstream.analysis.paths import (
 )
 from sendstream.errors import LimitExceeded
 from sendstream.format.layout import COMMANDS
-from sendstream.io.files import file_events
+from sendstream.io.windows import file_events
 
 SUBVOL_UUID = uuid.UUID(int=1)
 

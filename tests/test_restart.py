@@ -15,7 +15,7 @@ from conftest import FIXTURES, boundaries, decode, random_chunks
 from sendstream import Decoder, Framer, NeedData, verify_file
 from sendstream import errors as e
 from sendstream.codec.native import NATIVE
-from sendstream.io.files import file_events
+from sendstream.io.windows import file_events
 from sendstream.ops.repair import Healer
 
 SMALL = FIXTURES / "rich-incr-v2.stream"

@@ -29,7 +29,7 @@ from test_transport import CMD, free_port
 
 from sendstream import Command, Decoder, Encoder, EndOfInput, StreamHeader
 from sendstream.errors import TruncatedStream
-from sendstream.io.files import file_events
+from sendstream.io.windows import file_events
 from sendstream.net.session.drivers import PREFIX_SIZE, stream_identity
 from sendstream.ops.repair import Healer
 from sendstream.ops.resume import Checkpoint, Ledger, PrefixDiffers, ResumeError, make_token, read_token

@@ -117,7 +117,7 @@ with instrumented:
     from sendstream.extract.extractor import Extractor
     from sendstream.format.command import Command
     from sendstream.format.layout import ATTRIBUTES, COMMAND_NUMBERS, COMMANDS, MAX_VERSION, STREAM_MAGIC
-    from sendstream.io.files import file_events
+    from sendstream.io.windows import file_events
     from sendstream.net.session.drivers import (
         MAGIC,
         PREFIX_SIZE,

@@ -51,7 +51,7 @@ from sendstream import (
 )
 from sendstream.errors import FormatError
 from sendstream.format.layout import COMMAND_HEADER_SIZE, COMMAND_NUMBERS, attribute_name
-from sendstream.io.files import iter_events
+from sendstream.io.windows import iter_events
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from loopfs import btrfs_loop, require_btrfs

@@ -92,7 +92,7 @@ from ..codec.compression import MAX_UNENCODED, decompress, lzo1x_decompress
 from ..codec.decoder import EndOfInput, Restart
 from ..errors import ApplyError, BadCommand, CloneSourceMissing, ExtractError, UnsafePath
 from ..format.command import Command
-from ..io.files import file_events
+from ..io.windows import file_events
 from ..render.dump import escape
 
 __all__ = [

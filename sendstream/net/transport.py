@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from .. import errors as e
 from ..codec.decoder import Framer
-from ..io.files import file_events, is_regular
+from ..io.windows import file_events, is_regular
 from ..ops.repair import Healer
 from .listener import MAX_PENDING
 from .session.messages import STATUS_PREFIX

@@ -36,7 +36,7 @@ from typing import Any
 from .. import errors as e
 from ..errors import PrefixDiffers, ResumeError, SessionError
 from ..format.layout import COMMAND_HEADER_SIZE, STREAM_HEADER_SIZE
-from ..io.files import OutputDirectory, OutputFile
+from ..io.outputs import OutputDirectory, OutputFile
 from ..net.session.messages import MAX_OFFSET, check_identity, load_json
 
 TOKEN_PREFIX = "ssr1."

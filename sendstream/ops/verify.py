@@ -17,7 +17,7 @@ from .. import errors as e
 from ..codec.decoder import Framer
 from ..codec.native import NATIVE, native_scan
 from ..format.layout import STREAM_HEADER_SIZE, STREAM_MAGIC
-from ..io.files import file_events, windows_for
+from ..io.windows import file_events, windows_for
 
 
 @dataclass
