@@ -11,9 +11,11 @@ import sys
 from collections import Counter
 
 from sendstream import Command
-from sendstream.analysis.paths import PathTracker, Statistics, statistics_lines
+from sendstream.analysis.paths import PathTracker
+from sendstream.analysis.statistics import Statistics
 from sendstream.io.windows import file_events
 from sendstream.render.dump import escape
+from sendstream.render.paths import statistics_lines
 
 statistics = Statistics()
 tracker = PathTracker()

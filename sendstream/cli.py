@@ -399,7 +399,7 @@ def ls_command(
     btrfs' temporary names never show: a file created as o257-5-0 and
     renamed into place is `created` at its final path.
     """
-    from .analysis.changes import ls_json_pieces, ls_lines
+    from .render.changes import ls_json_pieces, ls_lines
 
     out = sys.stdout.buffer
     try:
@@ -428,7 +428,7 @@ def diff(stream: str, as_json: bool, max_names: int | None, max_held: int | None
     [data mode,owner,times,xattrs,fileattr]. --json: added, removed,
     renamed (from, to), modified, metadata.
     """
-    from .analysis.changes import diff_json_pieces, diff_lines
+    from .render.changes import diff_json_pieces, diff_lines
 
     out = sys.stdout.buffer
     try:
@@ -1011,7 +1011,8 @@ def paths(
     comes when its END is read; a command without a path (one the library
     does not know) is printed at once.
     """
-    from .analysis.paths import record_json_line, record_line, resolve
+    from .analysis.resolve import resolve
+    from .render.paths import record_json_line, record_line
 
     out = sys.stdout.buffer
     framer = Framer(max_command_size=max_command_size)
@@ -1030,7 +1031,8 @@ def paths(
 @_max_size_option
 def stats(stream: str, max_command_size: int | None) -> None:
     """Count commands and bytes per command kind in each stream of STREAM (a file or -)."""
-    from .analysis.paths import Statistics, statistics_lines
+    from .analysis.statistics import Statistics
+    from .render.paths import statistics_lines
 
     framer = Framer(max_command_size=max_command_size)
     statistics = Statistics()

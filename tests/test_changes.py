@@ -21,17 +21,10 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from sendstream.analysis.changes import (
-    Change,
-    SubvolumeChanges,
-    changes,
-    diff_json,
-    diff_lines,
-    ls_json,
-    ls_lines,
-)
+from sendstream.analysis.changes import Change, SubvolumeChanges, changes
 from sendstream.extract.extractor import extract
 from sendstream.io.windows import file_events
+from sendstream.render.changes import diff_json, diff_lines, ls_json, ls_lines
 
 
 @dataclass

@@ -39,7 +39,9 @@ import pytest
 from conftest import FIXTURES, STREAMS, btrfs_loop, need_root_btrfs, stream_ids
 
 from sendstream import Command, encode_command, encode_stream_header
-from sendstream.analysis.paths import PathTracker, Statistics, is_temporary_name, resolve
+from sendstream.analysis.paths import PathTracker, is_temporary_name
+from sendstream.analysis.resolve import resolve
+from sendstream.analysis.statistics import Statistics
 from sendstream.errors import LimitExceeded
 from sendstream.extract.extractor import (
     ApplyError,

@@ -21,7 +21,7 @@ from sendstream.format.layout import ATTRIBUTE_NUMBERS as A
 from sendstream.format.layout import COMMAND_NUMBERS as C
 from sendstream.io.outputs import atomic_output
 from sendstream.io.windows import file_events
-from sendstream.net.session.drivers import stream_identity
+from sendstream.ops.identity import stream_identity
 from sendstream.ops.resume import Checkpoint, Journal, Ledger, make_token
 from sendstream.ops.verify import verify_file
 

@@ -26,8 +26,8 @@ from conftest import FIXTURES, key_file
 from test_resume import Proxy
 from test_transport import CMD, SAMPLE, free_port, tls_args, wait_listening
 
-from sendstream.net.session.drivers import stream_identity
 from sendstream.net.tls import channel as tls
+from sendstream.ops.identity import stream_identity
 
 DATA = SAMPLE.read_bytes()
 TIMEOUT = 1.5  # --timeout of the listeners: handshake and hello of a new connection

@@ -15,19 +15,15 @@ import pytest
 from conftest import FIXTURES, STREAMS, crafted, stream_ids
 
 from sendstream import Command, encode_command
-from sendstream.analysis.changes import changes, diff_json, diff_json_pieces, json_line, ls_json, ls_json_pieces
-from sendstream.analysis.paths import (
-    MAX_STREAMS,
-    NAME_UNIT,
-    PathResolver,
-    PathTracker,
-    Statistics,
-    resolve,
-    statistics_lines,
-)
+from sendstream.analysis.changes import changes
+from sendstream.analysis.paths import NAME_UNIT, PathTracker
+from sendstream.analysis.resolve import PathResolver, resolve
+from sendstream.analysis.statistics import MAX_STREAMS, Statistics
 from sendstream.errors import LimitExceeded
 from sendstream.format.layout import COMMANDS
 from sendstream.io.windows import file_events
+from sendstream.render.changes import diff_json, diff_json_pieces, json_line, ls_json, ls_json_pieces
+from sendstream.render.paths import statistics_lines
 
 SUBVOL_UUID = uuid.UUID(int=1)
 

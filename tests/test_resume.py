@@ -26,8 +26,8 @@ import pytest
 from conftest import FIXTURES
 from test_transport import CMD, free_port
 
-from sendstream.net.session.drivers import stream_identity
 from sendstream.net.tls.channel import PlainChannel
+from sendstream.ops.identity import stream_identity
 
 SAMPLE = FIXTURES / "rich-full-v2.stream"
 DATA = SAMPLE.read_bytes()

@@ -30,7 +30,8 @@ from test_transport import CMD, free_port
 from sendstream import Command, Decoder, Encoder, EndOfInput, StreamHeader
 from sendstream.errors import TruncatedStream
 from sendstream.io.windows import file_events
-from sendstream.net.session.drivers import PREFIX_SIZE, stream_identity
+from sendstream.net.session.drivers import PREFIX_SIZE
+from sendstream.ops.identity import stream_identity
 from sendstream.ops.repair import Healer
 from sendstream.ops.resume import Checkpoint, Ledger, PrefixDiffers, ResumeError, make_token, read_token
 

@@ -108,8 +108,9 @@ else:
 with instrumented:
     import sendstream
     from sendstream import errors as e
-    from sendstream.analysis.changes import changes, diff_json, diff_lines, json_line, ls_json, ls_lines
-    from sendstream.analysis.paths import Statistics, record_json_line, record_line, resolve, statistics_lines
+    from sendstream.analysis.changes import changes
+    from sendstream.analysis.resolve import resolve
+    from sendstream.analysis.statistics import Statistics
     from sendstream.codec.crc import crc32c
     from sendstream.codec.decoder import NEED_DATA, Decoder, EndOfInput, Framer, Restart, StreamHeader
     from sendstream.codec.encoder import Encoder, encode_command, encode_stream_header
@@ -133,8 +134,10 @@ with instrumented:
     from sendstream.ops.repair import Healer
     from sendstream.ops.resume import TOKEN_PREFIX, Checkpoint, Ledger, _b64, _mac, make_token, read_token
     from sendstream.ops.verify import find_headers, verify_file
+    from sendstream.render.changes import diff_json, diff_lines, json_line, ls_json, ls_lines
     from sendstream.render.dump import TextDumper
     from sendstream.render.dump import json_line as dump_json_line
+    from sendstream.render.paths import record_json_line, record_line, statistics_lines
 
 FIXTURES = REPO / "fixtures"
 CORPUS = REPO / "tests" / "corpus"

@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import heapq
-import json
 import stat
 from collections.abc import Iterable, Iterator
 from operator import attrgetter, itemgetter
@@ -54,26 +52,11 @@ from typing import Any, NamedTuple
 from .. import errors as e
 from ..codec.decoder import EndOfInput, Restart
 from ..format.command import Command
-from ..render.dump import escape, json_bytes
 from .paths import MAX_HELD, MAX_NAMES, Inode, PathTracker, limit_error
 
-__all__ = [
-    "Change",
-    "ChangeTracker",
-    "Diff",
-    "SubvolumeChanges",
-    "changes",
-    "diff_json",
-    "diff_json_pieces",
-    "diff_lines",
-    "each_subvolume",
-    "json_line",
-    "ls_json",
-    "ls_json_pieces",
-    "ls_lines",
-]
-
 DATA_COMMANDS = frozenset({"write", "encoded_write", "clone", "truncate", "fallocate", "update_extent"})
+
+
 METADATA_COMMANDS = {
     "chmod": "mode",
     "chown": "owner",
@@ -83,6 +66,8 @@ METADATA_COMMANDS = {
     "fileattr": "fileattr",
     "enable_verity": "verity",
 }
+
+
 _CREATE_KIND = {"mkfile": "file", "mkdir": "dir", "mkfifo": "fifo", "mksock": "socket", "symlink": "symlink"}
 
 
@@ -284,6 +269,8 @@ class _Held:
 
 
 _S_IFMT = 0o170000
+
+
 _DEVICE_KINDS = {stat.S_IFCHR: "chardev", stat.S_IFBLK: "blockdev", stat.S_IFIFO: "fifo", stat.S_IFSOCK: "socket"}
 
 
@@ -326,149 +313,3 @@ def changes(
     """The changes of every subvolume of ``events`` (e.g. :func:`sendstream.files.file_events`)."""
     for result, _ in each_subvolume(events, max_names=max_names, max_held=max_held):
         yield result
-
-
-# --- presentation ---------------------------------------------------------------
-
-
-def _show(raw: bytes | None) -> bytes:
-    return b"-" if raw is None else escape(raw) or b"."
-
-
-def _flags(change: Change) -> bytes:
-    parts = []
-    if change.data:
-        parts.append(b"data")
-    if change.metadata:
-        parts.append(b",".join(m.encode() for m in change.metadata))
-    return b" [" + b" ".join(parts) + b"]" if parts else b""
-
-
-def ls_lines(result: SubvolumeChanges) -> Iterator[bytes]:
-    """One line per name: action, kind, path, then ``from OLD`` / ``to TARGET`` and ``[data mode,...]``."""
-    for c in result.changes:
-        line = b"%-9s %-8s " % (c.action.encode(), (c.kind or "-").encode())
-        if c.action in ("deleted", "transient"):
-            line += _show(c.old_path)
-        else:
-            line += _show(c.path)
-        if c.action == "renamed":
-            line += b" from " + _show(c.old_path)
-        if c.link_to is not None:
-            line += b" to " + _show(c.link_to)
-        yield line + _flags(c) + b"\n"
-
-
-def _hard_link(change: Change) -> bytes:
-    return b"" if change.link_to is None else b" (hard link to " + _show(change.link_to) + b")"
-
-
-def diff_lines(diff: Diff) -> Iterator[bytes]:
-    """Text in the manner of ``git diff --name-status``: A, D, R (old -> new), M (data), m (metadata only).
-
-    Rows come sorted by path (then by text), merged from the lists of ``diff``,
-    which are sorted already: nothing is copied."""
-    added = ((c.sort_key, b"A " + _show(c.path) + _hard_link(c)) for c in diff.added)
-    removed = ((c.sort_key, b"D " + _show(c.old_path)) for c in diff.removed)
-    renamed = ((c.sort_key, b"R " + _show(c.old_path) + b" -> " + _show(c.path) + _flags(c)) for c in diff.renamed)
-    modified = ((c.sort_key, b"M " + _show(c.path) + _flags(c)) for c in diff.modified if c.action != "renamed")
-    metadata = ((c.sort_key, b"m " + _show(c.path) + _flags(c)) for c in diff.metadata)
-    for _, row in heapq.merge(added, removed, renamed, modified, metadata):
-        yield row + b"\n"
-
-
-def _change_json(c: Change) -> dict[str, Any]:
-    out: dict[str, Any] = {"action": c.action}
-    if c.path is not None:
-        out["path"] = json_bytes(c.path)
-    if c.old_path is not None and c.old_path != c.path:
-        out["old_path"] = json_bytes(c.old_path)
-    out["kind"] = c.kind
-    if c.link_to is not None:
-        out["link_to"] = json_bytes(c.link_to)
-    out["data"] = c.data
-    out["metadata"] = list(c.metadata)
-    return out
-
-
-def _head(result: SubvolumeChanges) -> dict[str, Any]:
-    return {
-        "subvolume": None if result.subvolume is None else json_bytes(result.subvolume),
-        "incremental": result.incremental,
-    }
-
-
-_Lists = list[tuple[str, Iterable[dict[str, Any]]]]
-
-
-def _ls_lists(result: SubvolumeChanges) -> _Lists:
-    return [("changes", map(_change_json, result.changes))]
-
-
-def _diff_lists(result: SubvolumeChanges) -> _Lists:
-    d = result.diff()
-    return [
-        (
-            "added",
-            (
-                {"path": json_bytes(c.path or b""), "kind": c.kind}
-                | ({"link_to": json_bytes(c.link_to)} if c.link_to is not None else {})
-                for c in d.added
-            ),
-        ),
-        ("removed", ({"path": json_bytes(c.old_path or b""), "kind": c.kind} for c in d.removed)),
-        (
-            "renamed",
-            (
-                {
-                    "from": json_bytes(c.old_path or b""),
-                    "to": json_bytes(c.path or b""),
-                    "kind": c.kind,
-                    "data": c.data,
-                    "metadata": list(c.metadata),
-                }
-                for c in d.renamed
-            ),
-        ),
-        ("modified", ({"path": json_bytes(c.path or b""), "metadata": list(c.metadata)} for c in d.modified)),
-        ("metadata", ({"path": json_bytes(c.path or b""), "metadata": list(c.metadata)} for c in d.metadata)),
-    ]
-
-
-def ls_json(result: SubvolumeChanges) -> dict[str, Any]:
-    """A JSON-ready dict: subvolume, incremental, and every change."""
-    return _head(result) | {name: list(items) for name, items in _ls_lists(result)}
-
-
-def diff_json(result: SubvolumeChanges) -> dict[str, Any]:
-    """A JSON-ready dict: added, removed, renamed (from, to), modified, metadata."""
-    return _head(result) | {name: list(items) for name, items in _diff_lists(result)}
-
-
-def ls_json_pieces(result: SubvolumeChanges) -> Iterator[bytes]:
-    """``json_line(ls_json(result))`` in pieces, one change at a time."""
-    return _json_pieces(_head(result), _ls_lists(result))
-
-
-def diff_json_pieces(result: SubvolumeChanges) -> Iterator[bytes]:
-    """``json_line(diff_json(result))`` in pieces, one entry at a time."""
-    return _json_pieces(_head(result), _diff_lists(result))
-
-
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"))
-
-
-def _json_pieces(head: dict[str, Any], lists: _Lists) -> Iterator[bytes]:
-    yield _dumps(head)[:-1].encode()  # without its closing brace
-    for n, (name, items) in enumerate(lists):
-        yield (("," if head or n else "") + _dumps(name) + ":[").encode()
-        for i, item in enumerate(items):
-            yield (("," if i else "") + _dumps(item)).encode()
-        yield b"]"
-    yield b"}\n"
-
-
-def json_line(obj: dict[str, Any]) -> bytes:
-    """One object as a line of JSON."""
-    return _dumps(obj).encode() + b"\n"

@@ -56,7 +56,6 @@ class Restart:
     commands: int
     partial: int
 
-
     def error(self, index: int) -> e.StreamRestarted:
         """The problem this restart is, found before command ``index`` of the input."""
         return e.StreamRestarted(

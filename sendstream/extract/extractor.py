@@ -87,7 +87,7 @@ from typing import Any, BinaryIO
 from uuid import UUID
 
 from .. import errors as e
-from ..analysis.paths import Statistics
+from ..analysis.statistics import Statistics
 from ..codec.compression import MAX_UNENCODED, decompress, lzo1x_decompress
 from ..codec.decoder import EndOfInput, Restart
 from ..errors import ApplyError, BadCommand, CloneSourceMissing, ExtractError, UnsafePath

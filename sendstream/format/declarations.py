@@ -236,6 +236,7 @@ def generate() -> str:
 
 LAYOUT_FILE = Path(__file__).with_name("_layout.py")
 
+
 def main() -> None:
     """``python -m sendstream.format``: write the generated layout."""
     LAYOUT_FILE.write_text(generate())

@@ -47,9 +47,8 @@ from typing import Any
 from ..analysis.paths import MAX_NAMES, Inode, PathTracker, limit_error
 from ..codec.compression import MAX_UNENCODED, decompress
 from ..codec.decoder import StreamHeader
-from ..errors import DowngradeError
+from ..errors import DowngradeError, shown
 from ..format.command import Command
-from ..render.dump import escape
 
 __all__ = ["MAX_ZERO_FILL", "V1_WRITE_SIZE", "DowngradeError", "Downgrader", "downgrade"]
 
@@ -206,7 +205,7 @@ class Downgrader:
             if self.zero_fill + zeros > self.max_zero_fill:
                 raise limit_error(
                     f"a hole of {zeros} bytes becomes WRITEs of zeros in v1: {self.zero_fill + zeros} bytes "
-                    f"of zeros in all ({escape(path).decode('utf-8', 'replace') or '.'})",
+                    f"of zeros in all ({shown(path) or '.'})",
                     self.max_zero_fill,
                     "--max-zero-fill",
                     cmd,
@@ -254,7 +253,7 @@ def _check_end(cmd: Command, offset: int, length: int) -> None:
 
 
 def _show(cmd: Command) -> str:
-    return escape(bytes(cmd.get("path"))).decode("utf-8", "replace") or "."
+    return shown(bytes(cmd.get("path"))) or "."
 
 
 def downgrade(

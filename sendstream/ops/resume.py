@@ -37,7 +37,7 @@ from .. import errors as e
 from ..errors import PrefixDiffers, ResumeError, SessionError
 from ..format.layout import COMMAND_HEADER_SIZE, STREAM_HEADER_SIZE
 from ..io.outputs import OutputDirectory, OutputFile
-from ..net.session.messages import MAX_OFFSET, check_identity, load_json
+from .identity import MAX_OFFSET, check_identity, load_json
 
 TOKEN_PREFIX = "ssr1."
 STATE_SUFFIX = ".resume"

@@ -59,7 +59,6 @@ reconnects); one of another stream is refused, and the current one goes on.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import socket
 import struct
@@ -71,9 +70,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import errors as e
-from ...codec.decoder import NEED_DATA, Decoder, StreamHeader
 from ...errors import ResumeError, SessionError, TlsError, TruncationError
-from ...format.command import Command
+from ...ops.identity import describe, printable, stream_identity
 from ..listener import Listener
 from ..tls.channel import Channel
 from .messages import (
@@ -85,7 +83,6 @@ from .messages import (
     parse_answer,
     parse_hello,
     parse_status,
-    printable,
 )
 
 PREFIX_SIZE = 64 << 10
@@ -113,48 +110,6 @@ def transient(exc: BaseException) -> bool:
     if isinstance(exc, TlsError):
         return exc.retryable
     return isinstance(exc, OSError)
-
-
-def stream_identity(prefix: bytes) -> dict[str, Any]:
-    """The identity of the stream that starts with ``prefix`` (its first command, and a digest)."""
-    ident: dict[str, Any] = {
-        "version": None,
-        "command": None,
-        "uuid": None,
-        "ctransid": None,
-        "parent_uuid": None,
-        "parent_ctransid": None,
-    }
-    decoder = Decoder()
-    decoder.receive_data(prefix)
-    try:
-        while (event := decoder.next_event()) is not NEED_DATA:
-            if isinstance(event, StreamHeader):
-                ident["version"] = event.version
-            elif isinstance(event, Command):
-                ident["command"] = event.name
-                values = event.values()
-                for ours, theirs in (("uuid", "uuid"), ("ctransid", "ctransid")):
-                    if theirs in values:
-                        ident[ours] = str(values[theirs]) if ours == "uuid" else values[theirs]
-                if event.name == "snapshot":
-                    ident["parent_uuid"] = str(values.get("clone_uuid"))
-                    ident["parent_ctransid"] = values.get("clone_ctransid")
-                break
-            else:
-                break
-    except e.SendStreamError:
-        pass
-    ident["prefix"] = len(prefix)
-    ident["sha256"] = hashlib.sha256(prefix).hexdigest()
-    return ident
-
-
-def _describe(identity: dict[str, Any]) -> str:
-    text = f"{identity.get('command')} of {identity.get('uuid')} at ctransid {identity.get('ctransid')}"
-    if identity.get("parent_uuid"):
-        text += f" (parent {identity['parent_uuid']})"
-    return text
 
 
 def _json_line(head: bytes, obj: Any) -> bytes:
@@ -434,7 +389,7 @@ class SessionSender:
             self.identity = stream_identity(bytes(self._prefix))
             self._prefix = bytearray()
             if self._expected is not None and self.identity != self._expected:
-                ours, theirs = _describe(self.identity), _describe(self._expected)
+                ours, theirs = describe(self.identity), describe(self._expected)
                 if ours == theirs:
                     ours += f" whose first {self.identity['prefix']} bytes differ"
                 raise ResumeError(f"this is not the stream the resume token is for: {ours}, not {theirs}")
@@ -674,7 +629,7 @@ def admit(opening: Opening, identity: dict[str, Any]) -> None:
     if opening.identity is None:
         why = "a plain stream cannot join (or resume) a session: this receiver expects a session of its stream"
     else:
-        why = f"a sender of another stream connected: {_describe(opening.identity)}, not {_describe(identity)}"
+        why = f"a sender of another stream connected: {describe(opening.identity)}, not {describe(identity)}"
     tell(opening.channel, e.EXIT_USAGE, f"refused: {why}")
     raise SessionError(why)
 
