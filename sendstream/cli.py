@@ -26,10 +26,10 @@ from .io.windows import FlushBeforeRead, file_events, is_regular, open_input
 from .ops.verify import Report, find_headers, verify_file
 
 if TYPE_CHECKING:
+    from .net.progress import Progress, Summary
     from .net.session.drivers import SessionReceiver
     from .net.tls.channel import Channel
-    from .net.transport import Progress, Summary
-    from .ops.resume import Checkpoint
+    from .ops.ledger import Checkpoint
 
 # Modules that only some commands need (network, extraction, paths, dump,
 # repair, the writer, subprocess) load when those commands run: imported
@@ -489,9 +489,10 @@ def _accepted(
     raised. ``log`` hears which TLS path each direction took, and every
     reconnect.
     """
+    from .net.address import listen, parse_address
+    from .net.receiving import accept_sender
     from .net.session.drivers import failure_status
     from .net.tls.channel import accept_channel
-    from .net.transport import accept_sender, listen, parse_address
 
     keys = (lambda name: key if name == identity else None) if key else None
     host, port = parse_address(address, listen=True)
@@ -613,8 +614,8 @@ def _connector(
     target: str, mode: str, key: bytes | None, identity: str, timeout: float, log: Callable[[str], object]
 ) -> Callable[[], Channel]:
     """A new channel to ``target`` (TCP connect and handshake) on every call; the first is described to ``log``."""
+    from .net.address import connect, parse_address
     from .net.tls.channel import connect_channel
-    from .net.transport import connect, parse_address
 
     host, port = parse_address(target)
     shown = False
@@ -633,7 +634,7 @@ def _connector(
 
 
 def _quiet_progress(label: str, quiet: bool) -> Progress:
-    from .net.transport import Progress
+    from .net.progress import Progress
 
     return Progress(label, enabled=False if quiet else None)
 
@@ -684,14 +685,14 @@ def send(
     checked against the token up to the token's offset, and only the rest
     is sent.
     """
-    from .net.transport import send_resumable, send_stream
+    from .net.sending import send_resumable, send_stream
 
     if no_status and (resumable or token):
         raise e.UsageError("--no-status is for a receiver that is not sendstream; a session needs sendstream")
     key = _psk(mode, key_file, identity)
     checkpoint = None
     if token is not None:
-        from .ops.resume import read_token
+        from .ops.tokens import read_token
 
         checkpoint = read_token(token, key)
 
@@ -747,8 +748,9 @@ def receive(
     holds a resume token); if either side stops, `receive --resume` and
     `send --resume TOKEN` continue from the last checkpoint.
     """
-    from .net.transport import receive_resumable
-    from .ops.resume import load_state, make_token, refuse_unfinished
+    from .net.journal import load_state, refuse_unfinished
+    from .net.receiving import receive_resumable
+    from .ops.tokens import make_token
 
     if output and command:
         raise e.UsageError("give -o or --exec, not both")
@@ -801,8 +803,8 @@ def _receive_into_journal(
 ) -> Summary:
     import signal
 
-    from .net.transport import receive_resumable
-    from .ops.resume import Journal
+    from .net.journal import Journal
+    from .net.receiving import receive_resumable
 
     # SIGTERM ends the transfer like an error: the token is printed, the journal kept
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -828,7 +830,7 @@ def _receive_into_child(session: SessionReceiver, command: str, progress: Progre
     import shlex
     import subprocess
 
-    from .net.transport import receive_resumable
+    from .net.receiving import receive_resumable
 
     child = subprocess.Popen(shlex.split(command), stdin=subprocess.PIPE)
     assert child.stdin is not None

@@ -18,10 +18,10 @@ import pytest
 from conftest import FIXTURES, btrfs_loop, crafted, need_root_btrfs
 
 from sendstream import Command, Encoder, StreamHeader, encode_command
-from sendstream.errors import LimitExceeded
+from sendstream.errors import DowngradeError, LimitExceeded
 from sendstream.format.declarations import COMMANDS
 from sendstream.io.windows import file_events
-from sendstream.ops.downgrade import V1_WRITE_SIZE, DowngradeError, Downgrader, downgrade
+from sendstream.ops.downgrade import V1_WRITE_SIZE, Downgrader, downgrade
 from sendstream.ops.verify import verify_file
 from sendstream.render.dump import TextDumper
 

@@ -42,19 +42,8 @@ from sendstream import Command, encode_command, encode_stream_header
 from sendstream.analysis.paths import PathTracker, is_temporary_name
 from sendstream.analysis.resolve import resolve
 from sendstream.analysis.statistics import Statistics
-from sendstream.errors import LimitExceeded
-from sendstream.extract.extractor import (
-    ApplyError,
-    BadCommand,
-    CloneSourceMissing,
-    ExtractError,
-    Extractor,
-    UnsafePath,
-    decompress,
-    extract,
-    lzo1x_decompress,
-    split_path,
-)
+from sendstream.errors import ApplyError, BadCommand, CloneSourceMissing, ExtractError, LimitExceeded, UnsafePath
+from sendstream.extract.extractor import Extractor, decompress, extract, lzo1x_decompress, split_path
 from sendstream.io.windows import file_events, iter_events
 
 BLOCK = 4096

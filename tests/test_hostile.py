@@ -21,8 +21,10 @@ from sendstream.format.layout import ATTRIBUTE_NUMBERS as A
 from sendstream.format.layout import COMMAND_NUMBERS as C
 from sendstream.io.outputs import atomic_output
 from sendstream.io.windows import file_events
+from sendstream.net.journal import Journal
 from sendstream.ops.identity import stream_identity
-from sendstream.ops.resume import Checkpoint, Journal, Ledger, make_token
+from sendstream.ops.ledger import Checkpoint, Ledger
+from sendstream.ops.tokens import make_token
 from sendstream.ops.verify import verify_file
 
 CMD = [sys.executable, "-m", "sendstream"]
@@ -255,7 +257,8 @@ def test_the_journal_replaces_a_stale_part_of_its_own_and_ignores_a_planted_toke
 
 
 def test_a_resume_state_that_is_a_symlink_is_not_read(tmp_path: Path) -> None:
-    from sendstream.ops.resume import ResumeError, load_state
+    from sendstream.errors import ResumeError
+    from sendstream.net.journal import load_state
 
     key = b"k" * 32
     elsewhere = tmp_path / "elsewhere"

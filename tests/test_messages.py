@@ -15,10 +15,11 @@ from conftest import FIXTURES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sendstream.errors import SessionError
+from sendstream.errors import ResumeError, SessionError
 from sendstream.net.session.messages import parse_ack, parse_answer, parse_hello, parse_status
 from sendstream.ops.identity import json_depth, printable, stream_identity
-from sendstream.ops.resume import Checkpoint, ResumeError, _b64, _mac, make_token, read_token
+from sendstream.ops.ledger import Checkpoint
+from sendstream.ops.tokens import _b64, _mac, make_token, read_token
 
 IDENTITY = stream_identity((FIXTURES / "rich-full-v2.stream").read_bytes()[:65536])
 HEAD = b"sendstream-session 1 "

@@ -294,9 +294,10 @@ def test_a_pipe_source_and_one_child_across_reconnects(key: Path, tmp_path: Path
 
 def test_the_sender_holds_at_most_the_window(tmp_path: Path) -> None:
     """Resending never exceeds the window: everything before it was acknowledged."""
+    from sendstream.net.address import connect, listen
+    from sendstream.net.receiving import accept_sender
     from sendstream.net.session.drivers import SessionSender
     from sendstream.net.tls.channel import PlainChannel
-    from sendstream.net.transport import accept_sender, connect, listen
 
     server = listen("127.0.0.1", 0)
     port = server.getsockname()[1]

@@ -28,12 +28,13 @@ from test_resume import DATA, SAMPLE, SHA, Proxy
 from test_transport import CMD, free_port
 
 from sendstream import Command, Decoder, Encoder, EndOfInput, StreamHeader
-from sendstream.errors import TruncatedStream
+from sendstream.errors import PrefixDiffers, ResumeError, TruncatedStream
 from sendstream.io.windows import file_events
 from sendstream.net.session.drivers import PREFIX_SIZE
 from sendstream.ops.identity import stream_identity
+from sendstream.ops.ledger import Checkpoint, Ledger
 from sendstream.ops.repair import Healer
-from sendstream.ops.resume import Checkpoint, Ledger, PrefixDiffers, ResumeError, make_token, read_token
+from sendstream.ops.tokens import make_token, read_token
 
 RATE = 80_000
 RETRY = ["-v", "--retries", "12", "--retry-delay", "0.1", "--timeout", "3"]

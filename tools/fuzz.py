@@ -131,8 +131,9 @@ with instrumented:
     )
     from sendstream.net.tls.channel import PlainChannel
     from sendstream.ops.downgrade import Downgrader
+    from sendstream.ops.ledger import Checkpoint, Ledger
     from sendstream.ops.repair import Healer
-    from sendstream.ops.resume import TOKEN_PREFIX, Checkpoint, Ledger, _b64, _mac, make_token, read_token
+    from sendstream.ops.tokens import TOKEN_PREFIX, _b64, _mac, make_token, read_token
     from sendstream.ops.verify import find_headers, verify_file
     from sendstream.render.changes import diff_json, diff_lines, json_line, ls_json, ls_lines
     from sendstream.render.dump import TextDumper

@@ -25,9 +25,11 @@ from typing import Any, Protocol
 
 from .. import errors as e
 from ..errors import DownstreamFailed
+from .progress import Progress, Summary
+from .receiving import receive_resumable
+from .sending import PlainSender
 from .session.drivers import WINDOW_SIZE, SessionReceiver, SessionSender
 from .tls.channel import Channel
-from .transport import PlainSender, Progress, Summary, receive_resumable
 
 
 class Downstream(Protocol):

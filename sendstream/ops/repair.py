@@ -25,7 +25,7 @@ from ..format.command import Command
 from ..format.layout import COMMAND_HEADER_SIZE, command_name
 
 if TYPE_CHECKING:
-    from .resume import Ledger
+    from .ledger import Ledger
 
 _RUN = 1 << 16
 _KEEP_RESTARTS = 100

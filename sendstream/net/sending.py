@@ -1,0 +1,232 @@
+"""Moving streams over the network: addresses, taking a sender, the send and receive loops.
+
+The bytes on the wire are the stream itself, inside TLS (or raw TCP when
+asked). The sender checks and heals every command before it leaves (the
+same :class:`~sendstream.repair.Healer` as ``repair``); the receiver checks
+every command again before it writes it downstream, and answers with one
+status line before it closes, success or failure. A sender reports success
+only on that explicit success status (:class:`PlainSender` reads it while it
+sends). :func:`accept_sender` takes the first connection that shakes hands
+and says hello; the others are refused (:mod:`sendstream.listener`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from .. import errors as e
+from ..codec.decoder import Framer
+from ..io.windows import file_events, is_regular
+from ..ops.repair import Healer
+from .progress import Progress, Summary
+from .session.messages import STATUS_PREFIX
+from .tls.channel import Channel
+
+if TYPE_CHECKING:
+    from ..ops.ledger import Checkpoint
+
+
+MAX_STATUS = 4096
+
+
+class PlainSender:
+    """The plain stream through one channel, with the receiver's status read as it comes, in a thread.
+
+    The receiver answers with one status line, success or failure, before
+    it closes. A failure status that arrives while the stream is still being
+    sent stops the sending at once: a send blocked on the socket is
+    interrupted, and the failure is raised (as :class:`~sendstream.errors.RemoteError`)
+    by the write, or by :meth:`finish`. Success needs the receiver's explicit
+    success status; with ``expect_status=False`` (the peer is not sendstream:
+    stunnel, socat, openssl) the stream counts as delivered once it is sent
+    and closed.
+    """
+
+    reconnects = 0
+    resent = 0
+
+    def __init__(self, channel: Channel, *, expect_status: bool = True) -> None:
+        self._channel = channel
+        self.describe = channel.describe()
+        self._expect = expect_status
+        self.status: tuple[int, str] | None = None
+        self._error: BaseException | None = None  # why no status came
+        self._sent = threading.Event()  # our direction is closed: from now on waiting for the status is bounded
+        self._reader = threading.Thread(target=self._read_status, daemon=True)
+        self._reader.start()
+
+    def write(self, data: Any) -> None:
+        self._raise_failure()
+        try:
+            self._channel.send_all(data)
+        except Exception as exc:
+            self._failed(exc)
+            raise
+
+    def sendfile(self, fd: int, offset: int, count: int) -> int:
+        """As :meth:`~sendstream.tls.Channel.sendfile`."""
+        self._raise_failure()
+        try:
+            return self._channel.sendfile(fd, offset, count)
+        except Exception as exc:
+            self._failed(exc)
+            raise
+
+    def finish(self) -> tuple[int, str]:
+        """End the stream (TLS: close_notify), wait for the receiver's status and close: ``(code, message)``."""
+        self._raise_failure()
+        try:
+            self._channel.shutdown_write()
+        except Exception as exc:
+            self._failed(exc)
+            raise
+        self._sent.set()
+        self._reader.join()
+        with contextlib.suppress(Exception):
+            self._channel.close()
+        if self.status is not None:
+            return self.status
+        if not self._expect:
+            return 0, ""
+        why = f" ({self._error})" if self._error else ""
+        raise e.RemoteError(f"the receiver sent no status: the stream may not have been stored{why}", e.EXIT_IO)
+
+    def abort(self, reason: str | None = None) -> None:
+        """Cut the connection without close_notify: the receiver sees a truncated stream (no room for ``reason``)."""
+        self._channel.interrupt()
+        self._reader.join()
+        from .session.drivers import _close
+
+        _close(self._channel)
+
+    def _read_status(self) -> None:
+        """The receiver's status line (in the reader thread); a failure interrupts the sending."""
+        got = bytearray()
+        buf = bytearray(MAX_STATUS)
+        try:
+            while len(got) < MAX_STATUS and b"\n" not in got:
+                try:
+                    n = self._channel.recv_into(buf)
+                except TimeoutError:
+                    if self._sent.is_set():
+                        raise
+                    continue  # while we send, the receiver has nothing to say
+                if not n:
+                    break
+                got += buf[:n]
+            if got.startswith(STATUS_PREFIX) or (got and self._expect):
+                from .session.messages import parse_status
+
+                self.status = parse_status(bytes(got).split(b"\n", 1)[0])
+        except Exception as exc:
+            self._error = exc.with_traceback(None)
+        if self.status is not None and self.status[0]:
+            self._channel.interrupt()
+
+    def _raise_failure(self) -> None:
+        if self.status is not None and self.status[0]:
+            raise e.RemoteError(f"the receiver failed: {self.status[1]}", self.status[0])
+
+    def _failed(self, exc: Exception) -> None:
+        """A send failed: the receiver's status, when it sent one, says why better."""
+        self._reader.join(timeout=5.0)
+        if self.status is not None and self.status[0]:
+            raise e.RemoteError(f"the receiver failed: {self.status[1]}", self.status[0]) from exc
+
+
+def send_stream(source: BinaryIO, channel: Channel, progress: Progress, *, expect_status: bool = True) -> Summary:
+    """Check, heal and send a whole stream through a :class:`PlainSender`; returns once the receiver answered."""
+    sender = PlainSender(channel, expect_status=expect_status)
+
+    def write(data: Any) -> None:
+        sender.write(data)
+        progress.add(len(data))
+
+    copy_range = None
+    if channel.tx_path == "kernel" and is_regular(source):
+        fd, base = source.fileno(), source.tell()
+
+        def copy_range(offset: int, length: int) -> None:
+            # zero-copy: the kernel reads the page cache and encrypts
+            while length:
+                sent = sender.sendfile(fd, base + offset, length)
+                if not sent:
+                    raise e.TruncatedStream("the input file shrank while being sent", offset=offset)
+                offset += sent
+                length -= sent
+                progress.add(sent)
+
+    healer = Healer(write, copy_range=copy_range)
+    try:
+        for event in file_events(source, Framer(), healer.batch):
+            healer.event(event)
+        code, message = sender.finish()
+    except BaseException:
+        sender.abort()
+        raise
+    progress.done()
+    summary = Summary(healer.written, progress.seconds, channel.describe(), healer.restart_count, f"{code} {message}")
+    if code:
+        raise e.RemoteError(f"the receiver failed: {message}", code)
+    return summary
+
+
+def send_resumable(
+    source: BinaryIO,
+    connect: Callable[[], Channel],
+    progress: Progress,
+    *,
+    retries: int = 5,
+    retry_delay: float = 1.0,
+    window: int | None = None,
+    log: Callable[[str], object] | None = None,
+    resume: Checkpoint | None = None,
+) -> Summary:
+    """Check, heal and send a whole stream in a session (:mod:`sendstream.session`) that survives drops.
+
+    With ``resume`` (from a receiver's token) the stream must be the token's
+    up to its offset, and only what follows is sent.
+    """
+    from ..ops.ledger import Ledger
+    from .session.drivers import WINDOW_SIZE, SessionSender
+
+    sender = SessionSender(
+        connect,
+        retries=retries,
+        retry_delay=retry_delay,
+        window=window or WINDOW_SIZE,
+        skip_to=resume.offset if resume else 0,
+        stream=resume.stream if resume else None,
+        log=log,
+        progress=progress.add,
+    )
+    ledger = Ledger(resume) if resume else None
+    healer = Healer(sender.write, ledger=ledger)
+    try:
+        for event in file_events(source, Framer(), healer.batch):
+            healer.event(event)
+        if ledger is not None:
+            sender.identify()  # a short stream: the identity first, it says more than the ledger
+            ledger.finish()
+        code, message = sender.finish()
+    except BaseException as exc:
+        sender.abort(str(exc) if isinstance(exc, e.SendStreamError) else None)
+        raise
+    progress.done()
+    skipped = sender.skipped
+    summary = Summary(
+        healer.written - skipped,
+        progress.seconds,
+        sender.describe,
+        healer.restart_count,
+        f"{code} {message}",
+        sender.reconnects,
+        sender.resent,
+        skipped,
+    )
+    if code:
+        raise e.RemoteError(f"the receiver failed: {message}", code)
+    return summary

@@ -1,0 +1,121 @@
+"""Ledgers: where a stream stands at a command boundary, as two runs of it agree.
+
+A :class:`Ledger` digests the length and CRC of every command written (and
+the version of every stream header), in order, so two runs of the same
+stream agree on it up to any command boundary, and a different stream does
+not; a :class:`Checkpoint` is a stream's identity, an offset, the number of
+commands before it and the ledger there. Resume tokens
+(:mod:`sendstream.ops.tokens`) carry checkpoints; with one, a Ledger checks a
+stream read again against it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import PrefixDiffers
+from ..format.layout import COMMAND_HEADER_SIZE, STREAM_HEADER_SIZE
+
+_HEADER_MARK = 0xFFFFFFFF  # in the lengths digest: a stream header (no command is that long)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where a receiver stands: a command boundary of one stream."""
+
+    stream: dict[str, Any]
+    offset: int
+    commands: int
+    ledger: str
+
+
+class Ledger:
+    """The digest of every command written so far (length and CRC, in order).
+
+    With ``expect``, the digest is compared when the written offset reaches
+    ``expect.offset``, which must be a command boundary.
+    """
+
+    def __init__(self, expect: Checkpoint | None = None) -> None:
+        self.offset = 0
+        self.commands = 0
+        self._lens = hashlib.sha256()
+        self._crcs = hashlib.sha256()
+        self._expect = expect
+        if expect is not None and expect.offset == 0:
+            self._check()
+
+    def digest(self) -> str:
+        return hashlib.sha256(b"sendstream-ledger-1" + self._lens.digest() + self._crcs.digest()).hexdigest()
+
+    def header(self, version: int) -> None:
+        self._add(array("I", [_HEADER_MARK]), array("I", [version]), STREAM_HEADER_SIZE, 0)
+
+    def run(self, lens: array[int], crcs: array[int]) -> None:
+        """Commands about to be written: their payload lengths and CRCs."""
+        size = sum(lens) + COMMAND_HEADER_SIZE * len(lens)
+        target = self._expect.offset if self._expect is not None else -1
+        if self.offset < target < self.offset + size:
+            k, acc = 0, self.offset
+            while acc < target:
+                acc += lens[k] + COMMAND_HEADER_SIZE
+                k += 1
+            if acc != target:
+                start = acc - lens[k - 1] - COMMAND_HEADER_SIZE
+                self._differs(f"a command boundary at offset {target}", f"a command from offset {start}")
+            self._add(lens[:k], crcs[:k], acc - self.offset, k)
+            lens, crcs, size = lens[k:], crcs[k:], size - (acc - self.offset)
+        self._add(lens, crcs, size, len(lens))
+
+    def finish(self) -> None:
+        """The stream ended: fail if it never reached the expected offset."""
+        if self._expect is not None:
+            self._differs(f"at least {self._expect.offset} bytes", f"the stream ends at {self.offset}")
+
+    def _add(self, lens: array[int], crcs: array[int], size: int, commands: int) -> None:
+        if lens:
+            self._lens.update(_little_endian(lens))
+            self._crcs.update(_little_endian(crcs))
+        self.offset += size
+        self.commands += commands
+        if self._expect is not None and self.offset >= self._expect.offset:
+            if self.offset > self._expect.offset:
+                self._differs(f"a stream header or command boundary at offset {self._expect.offset}", self.offset)
+            self._check()
+
+    def _check(self) -> None:
+        assert self._expect is not None
+        expect, self._expect = self._expect, None
+        if (self.commands, self.digest()) != (expect.commands, expect.ledger):
+            raise PrefixDiffers(
+                f"the stream differs from the token's before offset {expect.offset}: "
+                "other command lengths or CRCs (not the same snapshot, or a changed file)",
+                offset=expect.offset,
+                index=self.commands,
+                expected=f"{expect.commands} commands with ledger {expect.ledger[:16]}",
+                actual=f"{self.commands} commands with ledger {self.digest()[:16]}",
+            )
+
+    def _differs(self, expected: str, actual: object) -> None:
+        assert self._expect is not None
+        offset = self._expect.offset
+        self._expect = None
+        raise PrefixDiffers(
+            f"the stream differs from the token's: offset {offset} is not where it was",
+            offset=offset,
+            index=self.commands,
+            expected=expected,
+            actual=actual,
+        )
+
+
+def _little_endian(values: array[int]) -> bytes:
+    """The 32-bit values as little-endian bytes: tokens travel between machines."""
+    if sys.byteorder == "big":
+        values = array(values.typecode, values)
+        values.byteswap()
+    return values.tobytes()
