@@ -78,7 +78,7 @@ def layout_module() -> str:
         "",
     ]
     for name, value in fields.items():
-        lines.append(f"{name}: Any = {pprint.pformat(value, width=110, sort_dicts=False)}")
+        lines.append(f"{name}: Any = {pprint.pformat(value, width=_WIDTH, sort_dicts=False)}")
     return "\n".join(lines) + "\n"
 
 
@@ -113,6 +113,11 @@ def _field_offsets(prefix: str, con: c.Struct) -> list[str]:
     return lines
 
 
+def _c_size(size: int | None) -> int:
+    """A value size as the C table holds it: -1 for variable."""
+    return -1 if size is None else size
+
+
 def _mask(numbers: Iterable[int]) -> list[str]:
     """A set of attributes as a C expression of their names."""
     return [f"1ull << A_{ATTRIBUTES[n].name.upper()}" for n in sorted(numbers)] or ["0"]
@@ -120,11 +125,12 @@ def _mask(numbers: Iterable[int]) -> list[str]:
 
 def c_header() -> str:
     """The text of ``codec/_layout.h``: the constants and tables ``_native.c`` needs."""
-    assert max(ATTRIBUTES) < C_TABLE_WIDTH and max(COMMANDS) < C_TABLE_WIDTH, "widen the C tables"
+    if max(ATTRIBUTES) >= C_TABLE_WIDTH or max(COMMANDS) >= C_TABLE_WIDTH:
+        raise ValueError(f"a command or attribute number is over {C_TABLE_WIDTH - 1}: widen the C tables")
     magic = ", ".join(f"0x{b:02x}" for b in STREAM_MAGIC)
     sizes = {
         f"/* version {v} */ ": [
-            str(-2 if a not in ATTRIBUTES or a > MAX_ATTRIBUTE.get(v, 0) else (ATTRIBUTES[a].size or -1))
+            str(-2 if a not in ATTRIBUTES or a > MAX_ATTRIBUTE.get(v, 0) else _c_size(ATTRIBUTES[a].size))
             for a in range(C_TABLE_WIDTH)
         ]
         for v in range(MAX_VERSION + 1)
