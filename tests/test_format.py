@@ -14,28 +14,35 @@ from conftest import END, FIXTURES, decode
 
 from sendstream import Command, Timespec, crc32c, encode_command, reference_crc32c
 from sendstream.format import declarations as f
-from sendstream.format import layout
+from sendstream.format import generate, layout
 
 
 def test_structs_are_derived_from_the_declarations() -> None:
-    assert f.struct_of(f.StreamHeader).format == layout.STREAM_HEADER.format == "<13sL"
-    assert f.struct_of(f.CommandHeader).format == layout.COMMAND_HEADER.format == "<LHL"
-    assert f.struct_of(f.TlvHeader).format == layout.TLV_HEADER.format == "<HH"
+    assert generate.struct_of(f.StreamHeader).format == layout.STREAM_HEADER.format == "<13sL"
+    assert generate.struct_of(f.CommandHeader).format == layout.COMMAND_HEADER.format == "<LHL"
+    assert generate.struct_of(f.TlvHeader).format == layout.TLV_HEADER.format == "<HH"
     assert layout.STREAM_HEADER.size == f.StreamHeader.sizeof() == 17
     assert layout.COMMAND_HEADER.size == f.CommandHeader.sizeof() == 10
     assert layout.TLV_HEADER.size == f.TlvHeader.sizeof() == 4
     with pytest.raises(TypeError):
-        f.struct_of(c.Struct("x" / c.GreedyBytes))
+        generate.struct_of(c.Struct("x" / c.GreedyBytes))
 
 
 def test_the_runtime_layout_is_generated_from_the_declarations() -> None:
-    assert f.LAYOUT_FILE.read_text() == f.generate(), "run: python -m sendstream.format"
+    assert generate.LAYOUT_FILE.read_text() == generate.layout_module(), "run: python -m sendstream.format"
     assert layout.ATTRIBUTES == f.ATTRIBUTES and layout.COMMANDS == f.COMMANDS
     for name in ("MAX_ATTRIBUTE", "MAX_COMMAND", "SEND_BUF_SIZE", "STREAM_MAGIC", "MAX_VERSION"):
         assert getattr(layout, name) == getattr(f, name), name
     for kind, con in f.VALUE_KINDS.items():
         size = layout.ATTRIBUTES[next(n for n, a in f.ATTRIBUTES.items() if a.kind == kind)].size
         assert size == (None if kind in ("string", "bytes") else con.sizeof())
+
+
+def test_the_c_header_is_generated_from_the_declarations() -> None:
+    assert generate.HEADER_FILE.read_text() == generate.c_header(), "run: python -m sendstream.format"
+    header = generate.HEADER_FILE.read_text()
+    assert "#define C_END 21\n" in header and "#define A_DATA 19\n" in header
+    assert "#define COMMAND_HEADER_SIZE 10\n" in header and "#define TLV_HEADER_SIZE 4\n" in header
 
 
 def test_the_command_line_does_not_import_construct() -> None:

@@ -1,9 +1,10 @@
 /*
  * The native batch scanner: walks every complete command of a send stream
  * in a buffer with one call. Framing, length limit, CRC-32C (CPU CRC
- * instructions where present) and the TLV checks, driven by tables the
- * Python side passes in from sendstream.format, so the layout is declared
- * only there. Anything unusual (an error, an unknown command or attribute,
+ * instructions where present) and the TLV checks, driven by the constants and
+ * tables of _layout.h, which `python -m sendstream.format` generates from
+ * sendstream/format/declarations.py, so the layout is declared only there.
+ * Anything unusual (an error, an unknown command or attribute,
  * a restart header) stops the scan at that command: the Python reference
  * path then handles that one command and raises or reports exactly as it
  * always does.
@@ -22,6 +23,8 @@
 #include <time.h>
 #include <pthread.h>
 
+#include "_layout.h"
+
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the native scanner reads little-endian fields in place; big-endian hosts use the Python path"
 #endif
@@ -35,22 +38,7 @@
 #define HAVE_ARM_CRC 1
 #endif
 
-#define MAX_VERSION 3
-#define MAX_ATTR 64
-#define MAX_CMD 64
-#define CMD_HDR 10
-#define TLV_HDR 4
-#define A_DATA 19
-#define C_END 21
-
 enum { ST_NEED = 0, ST_END = 1, ST_STOP = 2, ST_FULL = 3 };
-
-/* Filled by configure() from sendstream.format. */
-static int attr_size[MAX_VERSION + 1][MAX_ATTR]; /* -2 unknown, -1 variable, else fixed size */
-static uint64_t required[MAX_VERSION + 1][MAX_CMD]; /* bitmask of attribute numbers */
-static uint8_t cmd_known[MAX_VERSION + 1][MAX_CMD];
-static uint64_t string_attrs; /* bitmask: names and paths, which hold no NUL in a stream the kernel wrote */
-static int configured;
 
 /* ---- CRC-32C, reflected, no pre/post inversion (the kernel's raw crc32c) ---- */
 static uint32_t table[8][256];
@@ -194,6 +182,11 @@ static inline uint32_t le32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+/* The fields of the command header at p. */
+static inline uint32_t command_len(const uint8_t *p) { return le32(p + COMMAND_HEADER_LEN_OFFSET); }
+static inline uint16_t command_number(const uint8_t *p) { return le16(p + COMMAND_HEADER_CMD_OFFSET); }
+static inline uint32_t command_crc(const uint8_t *p) { return le32(p + COMMAND_HEADER_CRC_OFFSET); }
+
 typedef struct {
     uint64_t seen; /* bitmask of the attribute numbers present */
     const uint8_t *val[MAX_ATTR];
@@ -203,11 +196,11 @@ typedef struct {
 /* 1 when the CRC of the command at p (payload len bytes) is right. */
 static int crc_ok(const uint8_t *p, uint32_t len)
 {
-    static const uint8_t zero[4];
-    uint32_t crc = crc_fn(0, p, 6);
-    crc = crc_fn(crc, zero, 4);
-    crc = crc_fn(crc, p + CMD_HDR, len);
-    return crc == le32(p + 6);
+    static const uint8_t zero[COMMAND_HEADER_SIZE - COMMAND_HEADER_CRC_OFFSET]; /* the CRC field, last */
+    uint32_t crc = crc_fn(0, p, COMMAND_HEADER_CRC_OFFSET);
+    crc = crc_fn(crc, zero, sizeof zero);
+    crc = crc_fn(crc, p + COMMAND_HEADER_SIZE, len);
+    return crc == command_crc(p);
 }
 
 /* A lenient check lets unknown commands (kept raw, their TLVs unparsed) and
@@ -221,15 +214,13 @@ typedef struct {
     uint64_t commands, attrs; /* let through */
 } lenient_t;
 
-static const uint8_t STREAM_MAGIC[13] = "btrfs-stream";
-
 /* 1 when a stream header may start in the command at p (or in the 12 bytes
  * before it), where the Python side looks for a restart in a command it
  * does not take as clean, or when the buffer ends too soon to tell: such a
  * command is left to the Python side. */
 static int magic_near(const lenient_t *l, const uint8_t *p, uint32_t len)
 {
-    const uint8_t *end = p + CMD_HDR + len;
+    const uint8_t *end = p + COMMAND_HEADER_SIZE + len;
     if (l->hi - end < (Py_ssize_t)sizeof STREAM_MAGIC)
         return 1;
     const uint8_t *from = p - l->lo >= (Py_ssize_t)sizeof STREAM_MAGIC ? p - (sizeof STREAM_MAGIC - 1) : l->lo;
@@ -244,18 +235,18 @@ static __thread uint64_t big_seen[65536 / 64];
 static const uint8_t *next_tlv(const uint8_t *t, const uint8_t *end, int version, uint16_t *type, size_t *vlen)
 {
     size_t left = (size_t)(end - t);
-    if (version >= 2 && left >= 2 && le16(t) == A_DATA) {
+    if (version >= 2 && left >= TLV_TYPE_SIZE && le16(t + TLV_HEADER_TYPE_OFFSET) == A_DATA) {
         *type = A_DATA;
-        *vlen = left - 2;
+        *vlen = left - TLV_TYPE_SIZE;
         return end;
     }
-    if (left < TLV_HDR)
+    if (left < TLV_HEADER_SIZE)
         return NULL;
-    *type = le16(t);
-    *vlen = le16(t + 2);
-    if (*vlen > left - TLV_HDR)
+    *type = le16(t + TLV_HEADER_TYPE_OFFSET);
+    *vlen = le16(t + TLV_HEADER_LEN_OFFSET);
+    if (*vlen > left - TLV_HEADER_SIZE)
         return NULL;
-    return t + TLV_HDR + *vlen;
+    return t + TLV_HEADER_SIZE + *vlen;
 }
 
 static void clear_big(const uint8_t *t, const uint8_t *stop, const uint8_t *end, int version)
@@ -270,13 +261,13 @@ static void clear_big(const uint8_t *t, const uint8_t *stop, const uint8_t *end,
  * unknown commands and attributes may pass (and are counted there). */
 static int tlvs_ok(const uint8_t *p, uint32_t len, uint16_t cmd, int version, attrs_t *a, lenient_t *l)
 {
-    if (cmd >= MAX_CMD || !cmd_known[version][cmd]) {
+    if (cmd >= MAX_CMD || !COMMAND_KNOWN[version][cmd]) {
         if (!l || !(l->flags & LENIENT_COMMANDS) || magic_near(l, p, len))
             return 0;
         l->commands++;
         return 1;
     }
-    const uint8_t *first = p + CMD_HDR, *t = first, *end = first + len;
+    const uint8_t *first = p + COMMAND_HEADER_SIZE, *t = first, *end = first + len;
     uint64_t seen = 0, seen_unknown = 0, unknown = 0;
     int ok = 1, big = 0;
     while (t < end) {
@@ -287,7 +278,7 @@ static int tlvs_ok(const uint8_t *p, uint32_t len, uint16_t cmd, int version, at
             ok = 0;
             break;
         }
-        int size = type < MAX_ATTR ? attr_size[version][type] : -2;
+        int size = type < MAX_ATTR ? ATTRIBUTE_SIZE[version][type] : -2;
         if (size == -2) {
             if (!l || !(l->flags & LENIENT_ATTRS)) {
                 ok = 0;
@@ -313,7 +304,7 @@ static int tlvs_ok(const uint8_t *p, uint32_t len, uint16_t cmd, int version, at
             ok = 0;
             break;
         }
-        if ((string_attrs >> type & 1) && memchr(next - vlen, 0, vlen)) {
+        if ((STRING_ATTRIBUTES >> type & 1) && memchr(next - vlen, 0, vlen)) {
             ok = 0; /* unusual: the Python side reports it where it must (verify) */
             break;
         }
@@ -326,7 +317,7 @@ static int tlvs_ok(const uint8_t *p, uint32_t len, uint16_t cmd, int version, at
     }
     if (big)
         clear_big(first, t, end, version);
-    if (!ok || (required[version][cmd] & ~seen) != 0 || (unknown && magic_near(l, p, len)))
+    if (!ok || (REQUIRED_ATTRIBUTES[cmd] & ~seen) != 0 || (unknown && magic_near(l, p, len)))
         return 0;
     if (a)
         a->seen = seen;
@@ -353,17 +344,17 @@ static size_t frame(const uint8_t *buf, Py_ssize_t end, Py_ssize_t pos, unsigned
     stop->need = 0;
     for (;;) {
         Py_ssize_t avail = end - pos;
-        if (avail < CMD_HDR) {
+        if (avail < COMMAND_HEADER_SIZE) {
             stop->status = ST_NEED;
-            stop->need = CMD_HDR;
+            stop->need = COMMAND_HEADER_SIZE;
             break;
         }
-        uint32_t len = le32(buf + pos);
+        uint32_t len = command_len(buf + pos);
         if (len > max_len) {
             stop->status = ST_STOP;
             break;
         }
-        Py_ssize_t total = CMD_HDR + (Py_ssize_t)len;
+        Py_ssize_t total = COMMAND_HEADER_SIZE + (Py_ssize_t)len;
         if (avail < total) {
             stop->status = ST_NEED;
             stop->need = total;
@@ -375,7 +366,7 @@ static size_t frame(const uint8_t *buf, Py_ssize_t end, Py_ssize_t pos, unsigned
         }
         starts[n++] = pos;
         pos += total;
-        if (le16(buf + pos - total + 4) == C_END) {
+        if (command_number(buf + pos - total) == C_END) {
             stop->status = ST_END;
             break;
         }
@@ -399,8 +390,8 @@ static void *check_range(void *arg)
     lenient_t *l = j->lenient.flags ? &j->lenient : NULL;
     for (size_t i = j->from; i < j->to; i++) {
         const uint8_t *p = j->buf + j->starts[i];
-        uint32_t len = le32(p);
-        if (!crc_ok(p, len) || !tlvs_ok(p, len, le16(p + 4), j->version, NULL, l)) {
+        uint32_t len = command_len(p);
+        if (!crc_ok(p, len) || !tlvs_ok(p, len, command_number(p), j->version, NULL, l)) {
             j->failed = i;
             break;
         }
@@ -523,10 +514,6 @@ static PyObject *scan(PyObject *self, PyObject *args, PyObject *kw)
     optbuf off = {0}, cmds = {0}, lens = {0}, crcs = {0}, unknown = {0};
     lenient_t lenient;
     PyObject *result = NULL;
-    if (!configured) {
-        PyErr_SetString(PyExc_RuntimeError, "configure() was not called");
-        goto out;
-    }
     if (version < 1 || version > MAX_VERSION || pos < 0 || pos > in.len) {
         PyErr_SetString(PyExc_ValueError, "bad version or position");
         goto out;
@@ -557,11 +544,11 @@ static PyObject *scan(PyObject *self, PyObject *args, PyObject *kw)
         size_t n = frame(buf, in.len, pos, max_len, room, starts, &stop);
         size_t ok = check(buf, starts, n, stop.pos, version, &lenient);
         for (size_t i = 0; i < ok; i++) {
-            uint32_t len = le32(buf + starts[i]);
+            uint32_t len = command_len(buf + starts[i]);
             if (off.have) ((uint64_t *)off.view.buf)[count] = base + (uint64_t)starts[i];
-            if (cmds.have) ((uint16_t *)cmds.view.buf)[count] = le16(buf + starts[i] + 4);
+            if (cmds.have) ((uint16_t *)cmds.view.buf)[count] = command_number(buf + starts[i]);
             if (lens.have) ((uint32_t *)lens.view.buf)[count] = len;
-            if (crcs.have) ((uint32_t *)crcs.view.buf)[count] = le32(buf + starts[i] + 6);
+            if (crcs.have) ((uint32_t *)crcs.view.buf)[count] = command_crc(buf + starts[i]);
             count++;
         }
         if (ok < n) {
@@ -594,7 +581,7 @@ out:
 
 /* ------------------------------------------------------------------------
  * `btrfs receive --dump` text (btrfs-progs 6.2), the fast twin of
- * sendstream/dump.py's TextDumper, which stays the reference: the tests
+ * sendstream/render/dump.py's TextDumper, which stays the reference: the tests
  * check both give the same bytes on every fixture and under fuzzing.
  * ------------------------------------------------------------------------ */
 
@@ -746,23 +733,6 @@ static int put_time(out_t *o, time_cache_t *tc, const uint8_t *ts)
     return 1;
 }
 
-enum {
-    A_UUID = 1, A_CTRANSID = 2, A_SIZE = 4, A_MODE = 5, A_UID = 6, A_GID = 7, A_RDEV = 8, A_CTIME = 9,
-    A_MTIME = 10, A_ATIME = 11, A_XATTR_NAME = 13, A_XATTR_DATA = 14, A_PATH = 15, A_PATH_TO = 16,
-    A_PATH_LINK = 17, A_FILE_OFFSET = 18, A_CLONE_UUID = 20, A_CLONE_CTRANSID = 21, A_CLONE_PATH = 22,
-    A_CLONE_OFFSET = 23, A_CLONE_LEN = 24, A_FALLOCATE_MODE = 25, A_FILEATTR = 26, A_UNENCODED_FILE_LEN = 27,
-    A_UNENCODED_LEN = 28, A_UNENCODED_OFFSET = 29, A_COMPRESSION = 30, A_ENCRYPTION = 31,
-    A_VERITY_ALGORITHM = 32, A_VERITY_BLOCK_SIZE = 33, A_VERITY_SALT_DATA = 34, A_VERITY_SIG_DATA = 35,
-};
-
-static const char *titles[MAX_CMD] = {
-    [1] = "subvol", [2] = "snapshot", [3] = "mkfile", [4] = "mkdir", [5] = "mknod", [6] = "mkfifo",
-    [7] = "mksock", [8] = "symlink", [9] = "rename", [10] = "link", [11] = "unlink", [12] = "rmdir",
-    [13] = "set_xattr", [14] = "remove_xattr", [15] = "write", [16] = "clone", [17] = "truncate",
-    [18] = "chmod", [19] = "chown", [20] = "utimes", [22] = "update_extent", [23] = "fallocate",
-    [24] = "fileattr", [25] = "encoded_write", [26] = "enable_verity",
-};
-
 typedef struct {
     out_t *o, *subvol, *tmp;
     time_cache_t *times;
@@ -778,7 +748,7 @@ static int dump_line(dumper_t *d, uint16_t cmd, const attrs_t *at)
 {
     out_t *o = d->o;
     size_t start = o->len;
-    const char *title = titles[cmd];
+    const char *title = COMMAND_NAME[cmd];
     if (!title)
         return 0;
     char head[17];
@@ -787,7 +757,7 @@ static int dump_line(dumper_t *d, uint16_t cmd, const attrs_t *at)
     const uint8_t *path = at->val[A_PATH];
     size_t path_len = cstrlen(path, at->len[A_PATH]);
     size_t width;
-    if (cmd == 1 || cmd == 2) {
+    if (cmd == C_SUBVOL || cmd == C_SNAPSHOT) {
         path_cat(d->subvol, (const uint8_t *)".", 1, path, path_len);
         width = put_escaped(o, (const uint8_t *)d->subvol->buf, d->subvol->len);
     } else {
@@ -795,7 +765,7 @@ static int dump_line(dumper_t *d, uint16_t cmd, const attrs_t *at)
         width = put_escaped(o, (const uint8_t *)d->tmp->buf, d->tmp->len);
     }
     switch (cmd) {
-    case 3: case 4: case 6: case 7: case 11: case 12:
+    case C_MKFILE: case C_MKDIR: case C_MKFIFO: case C_MKSOCK: case C_UNLINK: case C_RMDIR:
         put(o, "\n", 1);
         return 1;
     }
@@ -803,35 +773,35 @@ static int dump_line(dumper_t *d, uint16_t cmd, const attrs_t *at)
         put(o, " ", 1);
     while (++width < 32);
     switch (cmd) {
-    case 1: case 2:
+    case C_SUBVOL: case C_SNAPSHOT:
         puts_(o, "uuid=");
         put_uuid(o, at->val[A_UUID]);
         puts_(o, " transid=");
         putu(o, U64(A_CTRANSID), 10);
-        if (cmd == 2) {
+        if (cmd == C_SNAPSHOT) {
             puts_(o, " parent_uuid=");
             put_uuid(o, at->val[A_CLONE_UUID]);
             puts_(o, " parent_transid=");
             putu(o, U64(A_CLONE_CTRANSID), 10);
         }
         break;
-    case 5:
+    case C_MKNOD:
         puts_(o, "mode=");
         putu(o, U64(A_MODE), 8);
         puts_(o, " dev=0x");
         putu(o, U64(A_RDEV), 16);
         break;
-    case 8: case 10:
+    case C_SYMLINK: case C_LINK:
         puts_(o, "dest=");
         put_escaped(o, at->val[A_PATH_LINK], cstrlen(at->val[A_PATH_LINK], at->len[A_PATH_LINK]));
         break;
-    case 9:
+    case C_RENAME:
         puts_(o, "dest=");
         path_cat(d->tmp, (const uint8_t *)d->subvol->buf, d->subvol->len, at->val[A_PATH_TO],
                  cstrlen(at->val[A_PATH_TO], at->len[A_PATH_TO]));
         put_escaped(o, (const uint8_t *)d->tmp->buf, d->tmp->len);
         break;
-    case 13: {
+    case C_SET_XATTR: {
         puts_(o, "name=");
         put(o, at->val[A_XATTR_NAME], cstrlen(at->val[A_XATTR_NAME], at->len[A_XATTR_NAME]));
         puts_(o, " data=");
@@ -845,16 +815,16 @@ static int dump_line(dumper_t *d, uint16_t cmd, const attrs_t *at)
         putu(o, n, 10);
         break;
     }
-    case 14:
+    case C_REMOVE_XATTR:
         puts_(o, "name=");
         put(o, at->val[A_XATTR_NAME], cstrlen(at->val[A_XATTR_NAME], at->len[A_XATTR_NAME]));
         break;
-    case 15: case 25:
+    case C_WRITE: case C_ENCODED_WRITE:
         puts_(o, "offset=");
         putu(o, U64(A_FILE_OFFSET), 10);
         puts_(o, " len=");
         putu(o, at->len[A_DATA], 10);
-        if (cmd == 25) {
+        if (cmd == C_ENCODED_WRITE) {
             puts_(o, ", unencoded_file_len=");
             putu(o, U64(A_UNENCODED_FILE_LEN), 10);
             puts_(o, ", unencoded_len=");
@@ -867,7 +837,7 @@ static int dump_line(dumper_t *d, uint16_t cmd, const attrs_t *at)
             putu(o, HAS(A_ENCRYPTION) ? U32(A_ENCRYPTION) : 0, 10);
         }
         break;
-    case 16:
+    case C_CLONE:
         puts_(o, "offset=");
         putu(o, U64(A_FILE_OFFSET), 10);
         puts_(o, " len=");
@@ -880,21 +850,21 @@ static int dump_line(dumper_t *d, uint16_t cmd, const attrs_t *at)
         puts_(o, " clone_offset=");
         putu(o, U64(A_CLONE_OFFSET), 10);
         break;
-    case 17:
+    case C_TRUNCATE:
         puts_(o, "size=");
         putu(o, U64(A_SIZE), 10);
         break;
-    case 18:
+    case C_CHMOD:
         puts_(o, "mode=");
         putu(o, U64(A_MODE), 8);
         break;
-    case 19:
+    case C_CHOWN:
         puts_(o, "gid=");
         putu(o, U64(A_GID), 10);
         puts_(o, " uid=");
         putu(o, U64(A_UID), 10);
         break;
-    case 20:
+    case C_UTIMES:
         puts_(o, "atime=");
         if (!put_time(o, d->times, at->val[A_ATIME]))
             goto undo;
@@ -905,13 +875,13 @@ static int dump_line(dumper_t *d, uint16_t cmd, const attrs_t *at)
         if (!put_time(o, d->times, at->val[A_CTIME]))
             goto undo;
         break;
-    case 22:
+    case C_UPDATE_EXTENT:
         puts_(o, "offset=");
         putu(o, U64(A_FILE_OFFSET), 10);
         puts_(o, " len=");
         putu(o, U64(A_SIZE), 10);
         break;
-    case 23:
+    case C_FALLOCATE:
         puts_(o, "mode=");
         putd(o, (int32_t)U32(A_FALLOCATE_MODE));
         puts_(o, " offset=");
@@ -919,11 +889,11 @@ static int dump_line(dumper_t *d, uint16_t cmd, const attrs_t *at)
         puts_(o, " len=");
         putu(o, U64(A_SIZE), 10);
         break;
-    case 24:
+    case C_FILEATTR:
         puts_(o, "fileattr=0x");
         putu(o, U64(A_FILEATTR), 10);
         break;
-    case 26:
+    case C_ENABLE_VERITY:
         puts_(o, "algorithm=");
         putu(o, at->val[A_VERITY_ALGORITHM][0], 10);
         puts_(o, " block_size=");
@@ -963,8 +933,8 @@ static PyObject *dump_text(PyObject *self, PyObject *args)
     time_cache_t times = {0};
     optbuf unknown = {0};
     lenient_t lenient;
-    if (!configured || version < 1 || version > MAX_VERSION || pos < 0 || pos > in.len) {
-        PyErr_SetString(PyExc_ValueError, "bad version or position, or not configured");
+    if (version < 1 || version > MAX_VERSION || pos < 0 || pos > in.len) {
+        PyErr_SetString(PyExc_ValueError, "bad version or position");
         goto out;
     }
     if (get_lenient(o_unknown, &unknown, &lenient, &in) < 0)
@@ -988,14 +958,14 @@ static PyObject *dump_text(PyObject *self, PyObject *args)
         size_t ok = check(buf, starts, n, stop.pos, version, &counted), i;
         for (i = 0; i < ok; i++) {
             const uint8_t *p = buf + starts[i];
-            uint16_t cmd = le16(p + 4);
+            uint16_t cmd = command_number(p);
             if ((Py_ssize_t)o.len >= max_text) {
                 stop.status = ST_FULL;
                 break;
             }
             lenient_t one = lenient;
             one.commands = one.attrs = 0;
-            tlvs_ok(p, le32(p), cmd, version, &at, lenient.flags ? &one : NULL);
+            tlvs_ok(p, command_len(p), cmd, version, &at, lenient.flags ? &one : NULL);
             /* an unknown command prints nothing, as in btrfs-progs */
             if (cmd != C_END && !(one.commands || dump_line(&d, cmd, &at))) {
                 stop.status = ST_STOP;
@@ -1039,50 +1009,6 @@ out:
     PyBuffer_Release(&sv);
     PyBuffer_Release(&in);
     return result;
-}
-
-/* configure(attr_sizes, known_commands, required, string_mask): the tables, per version 1..3. */
-static PyObject *configure(PyObject *self, PyObject *args)
-{
-    PyObject *sizes, *known, *req;
-    unsigned long long strings;
-    if (!PyArg_ParseTuple(args, "OOOK", &sizes, &known, &req, &strings))
-        return NULL;
-    string_attrs = strings;
-    for (int v = 1; v <= MAX_VERSION; v++) {
-        for (int a = 0; a < MAX_ATTR; a++)
-            attr_size[v][a] = -2;
-        memset(cmd_known[v], 0, sizeof cmd_known[v]);
-        memset(required[v], 0, sizeof required[v]);
-        PyObject *vs = PyDict_GetItemWithError(sizes, PyLong_FromLong(v));
-        PyObject *vk = PyDict_GetItemWithError(known, PyLong_FromLong(v));
-        if (!vs || !vk)
-            goto bad;
-        PyObject *key, *value;
-        Py_ssize_t i = 0;
-        while (PyDict_Next(vs, &i, &key, &value)) {
-            long a = PyLong_AsLong(key);
-            if (a < 0 || a >= MAX_ATTR)
-                goto bad;
-            attr_size[v][a] = value == Py_None ? -1 : (int)PyLong_AsLong(value);
-        }
-        i = 0;
-        while (PyDict_Next(vk, &i, &key, &value)) {
-            long c = PyLong_AsLong(key);
-            if (c < 0 || c >= MAX_CMD)
-                goto bad;
-            cmd_known[v][c] = 1;
-            required[v][c] = PyLong_AsUnsignedLongLong(PyDict_GetItem(req, key));
-        }
-        if (PyErr_Occurred())
-            return NULL;
-    }
-    configured = 1;
-    Py_RETURN_NONE;
-bad:
-    if (!PyErr_Occurred())
-        PyErr_SetString(PyExc_ValueError, "bad format tables");
-    return NULL;
 }
 
 /* ---- mapped input that may lose its data under us ----
@@ -1204,7 +1130,6 @@ static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_VARARGS | METH_KEYWORDS,
      "Walk and check every complete command from pos; stop at END, a partial or an unusual command."},
     {"dump_text", dump_text, METH_VARARGS, "Like scan(), printing each clean command as btrfs receive --dump."},
-    {"configure", configure, METH_VARARGS, "Load the format tables from sendstream.format."},
     {"crc32c", crc32c_py, METH_VARARGS, "crc32c(data, crc=0): the btrfs CRC-32C."},
     {"guard", guard, METH_VARARGS, "guard(mapping) -> slot: survive SIGBUS in a file mapping and record it."},
     {"faulted", faulted, METH_VARARGS, "faulted(slot) -> the first offset that had no data, or -1."},

@@ -1,19 +1,18 @@
-"""The optional native module, loaded once and fed the format tables.
+"""The optional native module, loaded once.
 
 ``_native.c`` is built by ``pip install`` when a compiler is there. It
 frames and checks whole buffers (CRC-32C with the CPU's CRC instructions,
-every TLV rule) and prints dump text, from tables loaded out of
-:mod:`sendstream.format`, so the layout stays declared in one place. It
-stops at anything unusual, and the Python framer (the reference) handles
-that command. ``SENDSTREAM_PURE=1`` in the environment turns it off.
+every TLV rule) and prints dump text, with the tables of ``_layout.h``,
+which ``python -m sendstream.format`` generates from the declarations, so
+the layout stays declared in one place. It stops at anything unusual, and
+the Python framer (the reference) handles that command.
+``SENDSTREAM_PURE=1`` in the environment turns it off.
 """
 
 from __future__ import annotations
 
 import os
 from typing import Any
-
-from ..format.layout import ATTRIBUTES, COMMANDS, MAX_ATTRIBUTE, MAX_COMMAND, MAX_VERSION
 
 # What a scan reports: a partial command at pos (needing ``need`` bytes),
 # pos just after END, a command at pos for the Python path, arrays full.
@@ -28,14 +27,6 @@ if not os.environ.get("SENDSTREAM_PURE"):
         from . import _native as module  # type: ignore[attr-defined,no-redef]
     except ImportError:  # no compiler at install time
         module = None
-
-if module is not None:
-    module.configure(
-        {v: {n: a.size for n, a in ATTRIBUTES.items() if n <= MAX_ATTRIBUTE[v]} for v in range(1, MAX_VERSION + 1)},
-        {v: {n: True for n in COMMANDS if n <= MAX_COMMAND[v]} for v in range(1, MAX_VERSION + 1)},
-        {n: sum(1 << a for a in s.required) for n, s in COMMANDS.items()},
-        sum(1 << n for n, a in ATTRIBUTES.items() if a.kind == "string"),
-    )
 
 NATIVE: bool = module is not None
 PATH: str = f"native ({module.CRC})" if NATIVE else "python"

@@ -1,5 +1,5 @@
-"""``python -m sendstream.format``: generate the runtime layout from the declarations."""
+"""``python -m sendstream.format``: generate the runtime layout, Python and C, from the declarations."""
 
-from .declarations import main
+from .generate import main
 
 main()
