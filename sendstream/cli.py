@@ -26,7 +26,7 @@ from .ops.verify import Report, find_headers, verify_file
 
 if TYPE_CHECKING:
     from .net.session.drivers import SessionReceiver
-    from .net.tls.channel import Channel
+    from .net.tls import Channel
     from .net.transport import Progress, Summary
     from .ops.resume import Checkpoint
 
@@ -489,7 +489,7 @@ def _accepted(
     reconnect.
     """
     from .net.session.drivers import failure_status
-    from .net.tls.channel import accept_channel
+    from .net.tls import accept_channel
     from .net.transport import accept_sender, listen, parse_address
 
     keys = (lambda name: key if name == identity else None) if key else None
@@ -569,7 +569,7 @@ def _psk(mode: str, key_file: str | None, identity: str, leg: str = "") -> bytes
     """The key of ``--tls``/``--key``/``--identity`` (of a relay's ``leg``): the file, else a password asked."""
     import getpass
 
-    from .net.tls.channel import derive_key, load_key
+    from .net.tls import derive_key, load_key
 
     flag = f"--{leg}-" if leg else "--"
     if mode == "none":
@@ -612,7 +612,7 @@ def _connector(
     target: str, mode: str, key: bytes | None, identity: str, timeout: float, log: Callable[[str], object]
 ) -> Callable[[], Channel]:
     """A new channel to ``target`` (TCP connect and handshake) on every call; the first is described to ``log``."""
-    from .net.tls.channel import connect_channel
+    from .net.tls import connect_channel
     from .net.transport import connect, parse_address
 
     host, port = parse_address(target)

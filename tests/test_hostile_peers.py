@@ -26,8 +26,9 @@ from conftest import FIXTURES, key_file
 from test_resume import Proxy
 from test_transport import CMD, SAMPLE, free_port, tls_args, wait_listening
 
+from sendstream.errors import TlsError
+from sendstream.net import tls
 from sendstream.net.session.drivers import stream_identity
-from sendstream.net.tls import channel as tls
 
 DATA = SAMPLE.read_bytes()
 TIMEOUT = 1.5  # --timeout of the listeners: handshake and hello of a new connection
@@ -104,7 +105,7 @@ class Peers:
         self.held.append(slow)
         for line in MALFORMED_HELLOS:
             sock, channel = self.keyed("refused: ")
-            with contextlib.suppress(OSError, tls.TlsError):
+            with contextlib.suppress(OSError, TlsError):
                 channel.send_all(line)
             self.held.append(sock)
         if tls_mode:  # after a good handshake: nothing, then a hello a byte a second

@@ -27,7 +27,7 @@ from conftest import FIXTURES
 from test_transport import CMD, free_port
 
 from sendstream.net.session.drivers import stream_identity
-from sendstream.net.tls.channel import PlainChannel
+from sendstream.net.tls import PlainChannel
 
 SAMPLE = FIXTURES / "rich-full-v2.stream"
 DATA = SAMPLE.read_bytes()
@@ -295,7 +295,7 @@ def test_a_pipe_source_and_one_child_across_reconnects(key: Path, tmp_path: Path
 def test_the_sender_holds_at_most_the_window(tmp_path: Path) -> None:
     """Resending never exceeds the window: everything before it was acknowledged."""
     from sendstream.net.session.drivers import SessionSender
-    from sendstream.net.tls.channel import PlainChannel
+    from sendstream.net.tls import PlainChannel
     from sendstream.net.transport import accept_sender, connect, listen
 
     server = listen("127.0.0.1", 0)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, boundaries
 
-from sendstream.net.tls.channel import why_unavailable
+from sendstream.net.tls import why_unavailable
 
 SAMPLE = FIXTURES / "rich-full-v2.stream"
 MODES = ["none", "tls12-aes128-gcm", "tls12-aes256-gcm", "tls13-aes128-gcm", "tls13-aes256-gcm"]
@@ -225,6 +225,6 @@ def test_addresses_are_checked() -> None:
 
 def test_the_cli_offers_exactly_the_tls_modes() -> None:
     from sendstream import cli
-    from sendstream.net.tls import channel as tls
+    from sendstream.net import tls
 
     assert cli.TLS_MODES == tls.MODES and cli.DEFAULT_TLS_MODE == tls.DEFAULT_MODE

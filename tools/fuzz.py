@@ -128,7 +128,7 @@ with instrumented:
         parse_status,
         stream_identity,
     )
-    from sendstream.net.tls.channel import PlainChannel
+    from sendstream.net.tls import PlainChannel
     from sendstream.ops.downgrade import Downgrader
     from sendstream.ops.repair import Healer
     from sendstream.ops.resume import TOKEN_PREFIX, Checkpoint, Ledger, _b64, _mac, make_token, read_token

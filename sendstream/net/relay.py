@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from .. import errors as e
 from ..errors import DownstreamFailed
 from .session.drivers import WINDOW_SIZE, SessionReceiver, SessionSender
-from .tls.channel import Channel
+from .tls import Channel
 from .transport import PlainSender, Progress, Summary, receive_resumable
 
 

@@ -27,7 +27,7 @@ from ..io.files import file_events, is_regular
 from ..ops.repair import Healer
 from .listener import MAX_PENDING
 from .session.messages import STATUS_PREFIX
-from .tls.channel import Channel
+from .tls import Channel
 
 if TYPE_CHECKING:
     from ..ops.resume import Checkpoint, Journal

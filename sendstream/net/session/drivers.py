@@ -75,7 +75,7 @@ from ...codec.decoder import NEED_DATA, Decoder, StreamHeader
 from ...errors import ResumeError, SessionError, TlsError, TruncationError
 from ...format.command import Command
 from ..listener import Listener
-from ..tls.channel import Channel
+from ..tls import Channel
 from .messages import (
     MAGIC,
     MAX_LINE,
