@@ -22,6 +22,7 @@ from .codec.native import PATH
 from .format.command import Command
 from .format.layout import MAX_VERSION
 from .io.files import FlushBeforeRead, atomic_output, file_events, is_regular, is_special, open_input
+from .net import tls
 from .ops.verify import Report, find_headers, verify_file
 
 if TYPE_CHECKING:
@@ -32,9 +33,8 @@ if TYPE_CHECKING:
 
 # Modules that only some commands need (network, extraction, paths, dump,
 # repair, the writer, subprocess) load when those commands run: imported
-# up front they would double the start-up time of every command.
-TLS_MODES = ("none", "tls12-aes128-gcm", "tls12-aes256-gcm", "tls13-aes128-gcm", "tls13-aes256-gcm")
-DEFAULT_TLS_MODE = "tls13-aes128-gcm"
+# up front they would double the start-up time of every command. The TLS
+# package is light until a connection loads its library (see net.tls.connect).
 
 
 def _max_size_option(f: Any) -> Any:
@@ -95,8 +95,8 @@ def _tls_options(leg: str = "", of: str = "") -> Callable[[Any], Any]:
         return click.option(
             f"{flag}tls",
             f"{name}mode",
-            type=click.Choice(TLS_MODES),
-            default=DEFAULT_TLS_MODE,
+            type=click.Choice(tls.MODES),
+            default=tls.DEFAULT_MODE,
             show_default=True,
             help=f"TLS version and cipher{of}; 'none' is raw TCP (only when asked).",
         )(f)

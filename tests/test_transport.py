@@ -224,7 +224,14 @@ def test_addresses_are_checked() -> None:
 
 
 def test_the_cli_offers_exactly_the_tls_modes() -> None:
+    import click
+
     from sendstream import cli
     from sendstream.net import tls
 
-    assert cli.TLS_MODES == tls.MODES and cli.DEFAULT_TLS_MODE == tls.DEFAULT_MODE
+    commands = [cli.cli.commands[name] for name in ("send", "receive", "relay")]
+    options = [p for c in commands for p in c.params if p.name and p.name.endswith("mode")]
+    assert len(options) == 4  # send, receive, and each leg of relay
+    for option in options:
+        assert isinstance(option.type, click.Choice)
+        assert tuple(option.type.choices) == tls.MODES and option.default == tls.DEFAULT_MODE
