@@ -23,19 +23,19 @@ from .format.command import Command
 from .format.layout import MAX_VERSION
 from .io.outputs import atomic_output, is_special
 from .io.windows import FlushBeforeRead, file_events, is_regular, open_input
+from .net import tls
 from .ops.verify import Report, find_headers, verify_file
 
 if TYPE_CHECKING:
     from .net.progress import Progress, Summary
     from .net.session.drivers import SessionReceiver
-    from .net.tls.channel import Channel
+    from .net.tls import Channel
     from .ops.ledger import Checkpoint
 
 # Modules that only some commands need (network, extraction, paths, dump,
 # repair, the writer, subprocess) load when those commands run: imported
-# up front they would double the start-up time of every command.
-TLS_MODES = ("none", "tls12-aes128-gcm", "tls12-aes256-gcm", "tls13-aes128-gcm", "tls13-aes256-gcm")
-DEFAULT_TLS_MODE = "tls13-aes128-gcm"
+# up front they would double the start-up time of every command. The TLS
+# package is light until a connection loads its library (see net.tls.connect).
 
 
 def _max_size_option(f: Any) -> Any:
@@ -96,8 +96,8 @@ def _tls_options(leg: str = "", of: str = "") -> Callable[[Any], Any]:
         return click.option(
             f"{flag}tls",
             f"{name}mode",
-            type=click.Choice(TLS_MODES),
-            default=DEFAULT_TLS_MODE,
+            type=click.Choice(tls.MODES),
+            default=tls.DEFAULT_MODE,
             show_default=True,
             help=f"TLS version and cipher{of}; 'none' is raw TCP (only when asked).",
         )(f)
@@ -492,7 +492,7 @@ def _accepted(
     from .net.address import listen, parse_address
     from .net.receiving import accept_sender
     from .net.session.drivers import failure_status
-    from .net.tls.channel import accept_channel
+    from .net.tls import accept_channel
 
     keys = (lambda name: key if name == identity else None) if key else None
     host, port = parse_address(address, listen=True)
@@ -571,7 +571,7 @@ def _psk(mode: str, key_file: str | None, identity: str, leg: str = "") -> bytes
     """The key of ``--tls``/``--key``/``--identity`` (of a relay's ``leg``): the file, else a password asked."""
     import getpass
 
-    from .net.tls.channel import derive_key, load_key
+    from .net.tls import derive_key, load_key
 
     flag = f"--{leg}-" if leg else "--"
     if mode == "none":
@@ -615,7 +615,7 @@ def _connector(
 ) -> Callable[[], Channel]:
     """A new channel to ``target`` (TCP connect and handshake) on every call; the first is described to ``log``."""
     from .net.address import connect, parse_address
-    from .net.tls.channel import connect_channel
+    from .net.tls import connect_channel
 
     host, port = parse_address(target)
     shown = False

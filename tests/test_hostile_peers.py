@@ -26,7 +26,8 @@ from conftest import FIXTURES, key_file
 from test_resume import Proxy
 from test_transport import CMD, SAMPLE, free_port, tls_args, wait_listening
 
-from sendstream.net.tls import channel as tls
+from sendstream.errors import TlsError
+from sendstream.net import tls
 from sendstream.ops.identity import stream_identity
 
 DATA = SAMPLE.read_bytes()
@@ -104,7 +105,7 @@ class Peers:
         self.held.append(slow)
         for line in MALFORMED_HELLOS:
             sock, channel = self.keyed("refused: ")
-            with contextlib.suppress(OSError, tls.TlsError):
+            with contextlib.suppress(OSError, TlsError):
                 channel.send_all(line)
             self.held.append(sock)
         if tls_mode:  # after a good handshake: nothing, then a hello a byte a second

@@ -23,7 +23,7 @@ from conftest import boundaries, key_file
 from test_resume import RECEIVER, SEED, SENDER, Proxy, plan
 from test_transport import CMD, SAMPLE, free_port, raw_sender, sender, tls_args
 
-from sendstream.net.tls.channel import why_unavailable
+from sendstream.net.tls import why_unavailable
 
 DATA = SAMPLE.read_bytes()
 # A sender that got the status and lost the connection before confirming it never comes back:
@@ -137,7 +137,7 @@ def test_a_key_of_the_other_leg_is_refused(key: Path, other_key: Path) -> None:
 
 def test_a_password_is_asked_per_leg(tmp_path: Path) -> None:
     """Without key files the relay asks on its terminal for the sender's leg's password, then the receiver's."""
-    from sendstream.net.tls.channel import derive_key
+    from sendstream.net.tls import derive_key
 
     up, down = tmp_path / "up.key", tmp_path / "down.key"
     for path, password in ((up, "in secret"), (down, "out secret")):

@@ -26,7 +26,7 @@ import pytest
 from conftest import FIXTURES
 from test_transport import CMD, free_port
 
-from sendstream.net.tls.channel import PlainChannel
+from sendstream.net.tls import PlainChannel
 from sendstream.ops.identity import stream_identity
 
 SAMPLE = FIXTURES / "rich-full-v2.stream"
@@ -297,7 +297,7 @@ def test_the_sender_holds_at_most_the_window(tmp_path: Path) -> None:
     from sendstream.net.address import connect, listen
     from sendstream.net.receiving import accept_sender
     from sendstream.net.session.drivers import SessionSender
-    from sendstream.net.tls.channel import PlainChannel
+    from sendstream.net.tls import PlainChannel
 
     server = listen("127.0.0.1", 0)
     port = server.getsockname()[1]

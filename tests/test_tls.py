@@ -28,8 +28,9 @@ import pytest
 from conftest import FIXTURES
 from test_transport import wait_listening
 
-from sendstream.errors import UsageError
-from sendstream.net.tls import channel as tls
+from sendstream.errors import HandshakeError, KeyFileError, TlsError, TruncationError, UsageError
+from sendstream.net import tls
+from sendstream.net.tls.kernel import TCP_ULP, TlsChannel
 
 TLS_MODES = [m for m in tls.MODES if m != "none"]
 KEY = bytes(range(32))
@@ -73,7 +74,7 @@ def kernel_tls() -> bool:
     a, b = tcp_pair()
     with a, b:
         try:
-            a.setsockopt(socket.IPPROTO_TCP, tls.TCP_ULP, b"tls")
+            a.setsockopt(socket.IPPROTO_TCP, TCP_ULP, b"tls")
         except OSError:
             return False
     return True
@@ -253,23 +254,23 @@ def test_pem_key_is_its_base64_body(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o601])
 def test_key_open_to_group_or_others_is_refused(tmp_path: Path, mode: int) -> None:
     path = write_key(tmp_path / "k", KEY, mode)
-    with pytest.raises(tls.KeyFileError, match=f"accessible by group or others \\(mode 0{mode:o}\\).*chmod 600"):
+    with pytest.raises(KeyFileError, match=f"accessible by group or others \\(mode 0{mode:o}\\).*chmod 600"):
         tls.load_key(path)
 
 
 def test_bad_key_files(tmp_path: Path) -> None:
-    with pytest.raises(tls.KeyFileError, match="cannot read key file"):
+    with pytest.raises(KeyFileError, match="cannot read key file"):
         tls.load_key(tmp_path / "missing")
     (tmp_path / "dir").mkdir(mode=0o700)
-    with pytest.raises(tls.KeyFileError, match="cannot read key file"):
+    with pytest.raises(KeyFileError, match="cannot read key file"):
         tls.load_key(tmp_path / "dir")
-    with pytest.raises(tls.KeyFileError, match="holds no key"):
+    with pytest.raises(KeyFileError, match="holds no key"):
         tls.load_key(write_key(tmp_path / "empty", b""))
     bad = b"-----BEGIN X-----\nnot*base64\n-----END X-----\n"
-    with pytest.raises(tls.KeyFileError, match="bad base64"):
+    with pytest.raises(KeyFileError, match="bad base64"):
         tls.load_key(write_key(tmp_path / "bad.pem", bad))
-    assert issubclass(tls.KeyFileError, tls.TlsError)
-    assert tls.KeyFileError("x").exit_code == 6
+    assert issubclass(KeyFileError, TlsError)
+    assert KeyFileError("x").exit_code == 6
 
 
 def test_derive_key_is_deterministic() -> None:
@@ -377,7 +378,7 @@ def test_crypto_info_drives_records_as_the_kernel_would(mode: str) -> None:
     skip_unavailable(mode)
     aead = pytest.importorskip("cryptography.hazmat.primitives.ciphers.aead")
     client, server = our_pair(mode, ktls=False)
-    assert isinstance(client, tls.TlsChannel)
+    assert isinstance(client, TlsChannel)
     tls13 = mode.startswith("tls13")
     size = 16 if "aes128" in mode else 32
     layout = struct.Struct(f"=HH8s{size}s4s8s")
@@ -647,20 +648,20 @@ def test_stunnel_client_to_our_server(mode: str, tmp_path: Path) -> None:
 @needs_gnutls
 @pytest.mark.parametrize("mode", ["tls12-aes128-gcm", "tls13-aes128-gcm"])
 def test_wrong_key(mode: str) -> None:
-    with pytest.raises(tls.HandshakeError, match=r"TLS handshake failed: .*\(wrong key or identity\?\)") as client:
+    with pytest.raises(HandshakeError, match=r"TLS handshake failed: .*\(wrong key or identity\?\)") as client:
         our_pair(mode, key=bytes(32))
     assert client.value.exit_code == 6
 
 
 @needs_gnutls
 def test_unknown_identity_and_failing_lookup() -> None:
-    with pytest.raises(tls.HandshakeError, match="wrong key or identity"):
+    with pytest.raises(HandshakeError, match="wrong key or identity"):
         our_pair("tls13-aes128-gcm", keys={"someone else": KEY}.get)
     c, s = tcp_pair()
     server = in_thread(lambda: tls.accept_channel(s, "tls13-aes128-gcm", {"someone else": KEY}.get))
-    with pytest.raises(tls.HandshakeError):
+    with pytest.raises(HandshakeError):
         tls.connect_channel(c, "tls13-aes128-gcm", KEY, IDENTITY)
-    with pytest.raises(tls.HandshakeError, match=f"unknown PSK identity '{IDENTITY}'"):
+    with pytest.raises(HandshakeError, match=f"unknown PSK identity '{IDENTITY}'"):
         server()
 
     def broken(identity: str) -> bytes:
@@ -668,7 +669,7 @@ def test_unknown_identity_and_failing_lookup() -> None:
 
     c, s = tcp_pair()
     server = in_thread(lambda: tls.accept_channel(s, "tls12-aes128-gcm", broken))
-    with pytest.raises(tls.HandshakeError):
+    with pytest.raises(HandshakeError):
         tls.connect_channel(c, "tls12-aes128-gcm", KEY, IDENTITY)
     with pytest.raises(LookupError, match="key store offline"):
         server()
@@ -681,7 +682,7 @@ def test_wrong_key_with_openssl(mode: str, tmp_path: Path) -> None:
     args = ["-accept", str(port), "-psk", bytes(32).hex(), "-psk_identity", IDENTITY, "-nocert", "-num_tickets", "0"]
     with (
         peer(["openssl", "s_server", *args, *OPENSSL[mode], "-quiet"], tmp_path, stdin=subprocess.PIPE),
-        pytest.raises(tls.HandshakeError, match=r"the peer sent alert .*\(wrong key or identity\?\)"),
+        pytest.raises(HandshakeError, match=r"the peer sent alert .*\(wrong key or identity\?\)"),
     ):
         tls.connect_channel(connect(port), mode, KEY, IDENTITY)
 
@@ -692,13 +693,13 @@ def test_wrong_key_with_openssl(mode: str, tmp_path: Path) -> None:
     [("tls12-aes128-gcm", "tls13-aes128-gcm"), ("tls13-aes128-gcm", "tls12-aes128-gcm")],
 )
 def test_mismatched_modes(client: str, server: str, tmp_path: Path) -> None:
-    with pytest.raises(tls.HandshakeError, match=f"does the peer use {client} too"):
+    with pytest.raises(HandshakeError, match=f"does the peer use {client} too"):
         our_pair(client, server)
     port = free_port()
     args = ["-accept", str(port), "-psk", KEY.hex(), "-psk_identity", IDENTITY, "-nocert", "-num_tickets", "0"]
     with (
         peer(["openssl", "s_server", *args, *OPENSSL[server], "-quiet"], tmp_path, stdin=subprocess.PIPE),
-        pytest.raises(tls.HandshakeError, match=f"protocol version.*does the peer use {client} too"),
+        pytest.raises(HandshakeError, match=f"protocol version.*does the peer use {client} too"),
     ):
         tls.connect_channel(connect(port), client, KEY, IDENTITY)
 
@@ -718,11 +719,11 @@ def plain_server(act: Callable[[socket.socket], object]) -> tuple[socket.socket,
 @pytest.mark.parametrize("mode", ["tls12-aes128-gcm", "tls13-aes128-gcm"])
 def test_peer_not_speaking_tls(mode: str) -> None:
     sock, done = plain_server(lambda s: s.sendall(b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n" * 20))
-    with pytest.raises(tls.HandshakeError, match=r"TLS handshake failed: .*\(does the peer speak TLS\?\)"):
+    with pytest.raises(HandshakeError, match=r"TLS handshake failed: .*\(does the peer speak TLS\?\)"):
         tls.connect_channel(sock, mode, KEY, IDENTITY)
     done()
     sock, done = plain_server(lambda s: None)
-    with pytest.raises(tls.HandshakeError, match=r"the peer closed the connection .*speak TLS"):
+    with pytest.raises(HandshakeError, match=r"the peer closed the connection .*speak TLS"):
         tls.connect_channel(sock, mode, KEY, IDENTITY)
     done()
 
@@ -731,14 +732,14 @@ def test_peer_not_speaking_tls(mode: str) -> None:
         time.sleep(1.5)
 
     sock, done = plain_server(read_and_wait)
-    with pytest.raises(tls.HandshakeError, match=r"timed out after 0.5 s \(does the peer speak TLS\?\)"):
+    with pytest.raises(HandshakeError, match=r"timed out after 0.5 s \(does the peer speak TLS\?\)"):
         tls.connect_channel(sock, mode, KEY, IDENTITY, handshake_timeout=0.5)
     done()
     assert sock.fileno() == -1  # the channel closed the socket it was given
 
     client, accepted = tcp_pair()
     client.sendall(b"GET / HTTP/1.1\r\nHost: sendstream\r\n\r\n")
-    with client, pytest.raises(tls.HandshakeError, match="does the peer speak TLS"):
+    with client, pytest.raises(HandshakeError, match="does the peer speak TLS"):
         tls.accept_channel(accepted, mode, KEY)
 
 
@@ -756,14 +757,14 @@ def test_truncation(mode: str) -> None:
         raw.shutdown(socket.SHUT_WR)  # a FIN, and no close_notify before it
         got = bytearray()
         buf = memoryview(bytearray(1 << 16))
-        with pytest.raises(tls.TruncationError, match="without a TLS close_notify") as error:
+        with pytest.raises(TruncationError, match="without a TLS close_notify") as error:
             while n := client.recv_into(buf):
                 got += buf[:n]
         with contextlib.suppress(OSError):
             accepted.close()
         assert got == DOWN[:100000]
         assert error.value.exit_code == 6
-        with pytest.raises(tls.TruncationError):
+        with pytest.raises(TruncationError):
             client.recv_into(buf)  # it stays failed
 
 
@@ -784,7 +785,7 @@ def test_failed_send_is_not_ended_cleanly(mode: str) -> None:
             client.send_all(b"more")
         client.close()
         buf = memoryview(bytearray(1 << 20))
-        with pytest.raises(tls.TruncationError):
+        with pytest.raises(TruncationError):
             while accepted.recv_into(buf):
                 pass
 

@@ -35,7 +35,8 @@ from test_tls import (
 )
 from test_transport import CMD, SAMPLE, sender, transfer
 
-from sendstream.net.tls import channel as tls
+from sendstream.errors import HandshakeError, TlsError
+from sendstream.net import tls
 from sendstream.net.tls import openssl
 
 MODE = "tls13-aes256-gcm"
@@ -138,14 +139,14 @@ def test_sendstream_send_to_openssl_s_server(no_status: bool, tmp_path: Path) ->
 
 
 def test_wrong_key() -> None:
-    with pytest.raises(tls.HandshakeError, match=r"TLS handshake failed: .*\(wrong key or identity") as client:
+    with pytest.raises(HandshakeError, match=r"TLS handshake failed: .*\(wrong key or identity") as client:
         our_pair(MODE, key=bytes(32))
     assert client.value.exit_code == 6
     c, s = tcp_pair()
     server = in_thread(lambda: tls.accept_channel(s, MODE, KEY))
-    with pytest.raises(tls.HandshakeError):
+    with pytest.raises(HandshakeError):
         tls.connect_channel(c, MODE, bytes(32), IDENTITY)
-    with pytest.raises(tls.HandshakeError, match=r"binder does not verify \(wrong key or identity\?\)"):
+    with pytest.raises(HandshakeError, match=r"binder does not verify \(wrong key or identity\?\)"):
         server()
 
 
@@ -155,7 +156,7 @@ def test_wrong_key_with_openssl_s_server(tmp_path: Path) -> None:
     args = ["-accept", str(port), "-psk_session", str(session), "-psk_identity", IDENTITY, "-nocert", "-quiet"]
     with (
         peer(["openssl", "s_server", *args, *OPENSSL[MODE]], tmp_path, stdin=subprocess.PIPE),
-        pytest.raises(tls.HandshakeError, match=r"the peer sent alert 47 .*\(wrong key or identity"),
+        pytest.raises(HandshakeError, match=r"the peer sent alert 47 .*\(wrong key or identity"),
     ):
         tls.connect_channel(connect(port), MODE, KEY, IDENTITY)
 
@@ -187,9 +188,9 @@ def test_wrong_key_fails_the_sender_and_the_receiver_waits_on(key: Path, tmp_pat
 def test_unknown_identity_and_failing_lookup() -> None:
     c, s = tcp_pair()
     server = in_thread(lambda: tls.accept_channel(s, MODE, {"someone else": KEY}.get))
-    with pytest.raises(tls.HandshakeError, match="unknown identity"):
+    with pytest.raises(HandshakeError, match="unknown identity"):
         tls.connect_channel(c, MODE, KEY, IDENTITY)
-    with pytest.raises(tls.HandshakeError, match=f"unknown PSK identity '{IDENTITY}'"):
+    with pytest.raises(HandshakeError, match=f"unknown PSK identity '{IDENTITY}'"):
         server()
 
     def broken(identity: str) -> bytes:
@@ -197,7 +198,7 @@ def test_unknown_identity_and_failing_lookup() -> None:
 
     c, s = tcp_pair()
     server = in_thread(lambda: tls.accept_channel(s, MODE, broken))
-    with pytest.raises(tls.HandshakeError):
+    with pytest.raises(HandshakeError):
         tls.connect_channel(c, MODE, KEY, IDENTITY)
     with pytest.raises(LookupError, match="key store offline"):
         server()
@@ -205,7 +206,7 @@ def test_unknown_identity_and_failing_lookup() -> None:
 
 def test_key_longer_than_openssl_takes() -> None:
     c, s = tcp_pair()
-    with s, pytest.raises(tls.TlsError, match="at most 512 bytes; this one has 513"):
+    with s, pytest.raises(TlsError, match="at most 512 bytes; this one has 513"):
         tls.connect_channel(c, MODE, bytes(513), IDENTITY)
     client, server = our_pair(MODE, key=bytes(512), keys=bytes(512))
     client.close()
@@ -217,23 +218,23 @@ def test_against_tls13_aes128(client: str, server: str) -> None:
     """The SHA-256 mode and this one: a clear error naming the mode on our side of each."""
     c, s = tcp_pair()
     accepted = in_thread(lambda: tls.accept_channel(s, server, KEY))
-    with pytest.raises(tls.HandshakeError, match=f"does the peer not use {client}"):
+    with pytest.raises(HandshakeError, match=f"does the peer not use {client}"):
         tls.connect_channel(c, client, KEY, IDENTITY)
     if server == MODE:
-        with pytest.raises(tls.HandshakeError, match=f"no shared cipher \\(does the peer use {MODE} too\\?\\)"):
+        with pytest.raises(HandshakeError, match=f"no shared cipher \\(does the peer use {MODE} too\\?\\)"):
             accepted()
     else:
-        with pytest.raises(tls.HandshakeError):
+        with pytest.raises(HandshakeError):
             accepted()
 
 
 def test_peer_not_speaking_tls() -> None:
     client, accepted = tcp_pair()
     client.sendall(b"GET / HTTP/1.1\r\nHost: sendstream\r\n\r\n")
-    with client, pytest.raises(tls.HandshakeError, match=r"http request \(does the peer speak TLS\?\)"):
+    with client, pytest.raises(HandshakeError, match=r"http request \(does the peer speak TLS\?\)"):
         tls.accept_channel(accepted, MODE, KEY)
     client, accepted = tcp_pair()
-    with accepted, pytest.raises(tls.HandshakeError, match=r"timed out after 0.5 s \(does the peer speak TLS\?\)"):
+    with accepted, pytest.raises(HandshakeError, match=r"timed out after 0.5 s \(does the peer speak TLS\?\)"):
         tls.connect_channel(client, MODE, KEY, IDENTITY, handshake_timeout=0.5)
     assert client.fileno() == -1  # the channel closed the socket it was given
 
@@ -249,5 +250,5 @@ def test_libssl_missing_is_a_clear_reason(monkeypatch: pytest.MonkeyPatch) -> No
     assert "tls13-aes256-gcm needs OpenSSL, since GnuTLS 3.7 lacks SHA-384 PSK binders" in reason
     assert "cannot load OpenSSL's libssl.so.3" in reason and "install libssl3" in reason
     c, s = tcp_pair()
-    with c, s, pytest.raises(tls.TlsError, match="needs OpenSSL"):
+    with c, s, pytest.raises(TlsError, match="needs OpenSSL"):
         tls.connect_channel(c, MODE, KEY, IDENTITY)

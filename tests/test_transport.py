@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, boundaries
 
-from sendstream.net.tls.channel import why_unavailable
+from sendstream.net.tls import why_unavailable
 
 SAMPLE = FIXTURES / "rich-full-v2.stream"
 MODES = ["none", "tls12-aes128-gcm", "tls12-aes256-gcm", "tls13-aes128-gcm", "tls13-aes256-gcm"]
@@ -224,7 +224,14 @@ def test_addresses_are_checked() -> None:
 
 
 def test_the_cli_offers_exactly_the_tls_modes() -> None:
-    from sendstream import cli
-    from sendstream.net.tls import channel as tls
+    import click
 
-    assert cli.TLS_MODES == tls.MODES and cli.DEFAULT_TLS_MODE == tls.DEFAULT_MODE
+    from sendstream import cli
+    from sendstream.net import tls
+
+    commands = [cli.cli.commands[name] for name in ("send", "receive", "relay")]
+    options = [p for c in commands for p in c.params if p.name and p.name.endswith("mode")]
+    assert len(options) == 4  # send, receive, and each leg of relay
+    for option in options:
+        assert isinstance(option.type, click.Choice)
+        assert tuple(option.type.choices) == tls.MODES and option.default == tls.DEFAULT_MODE

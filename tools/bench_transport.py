@@ -57,7 +57,6 @@ REPO = TOOLS_DIR.parent
 BENCH_DIR = pathlib.Path("/var/tmp/sendstream-bench")
 DEFAULT_STREAM = BENCH_DIR / "bigwrite.stream"
 QUICK_STREAM = BENCH_DIR / "metadata.stream"
-MODES = ("none", "tls12-aes128-gcm", "tls12-aes256-gcm", "tls13-aes128-gcm", "tls13-aes256-gcm")
 TLS13_MODE = "tls13-aes128-gcm"
 RELAY_MODES = (TLS13_MODE, "none")  # each also measured as send -> relay -> receive
 RELAY_TARGET = 0.75  # the relay's throughput against the direct transfer in the same mode
@@ -472,9 +471,9 @@ def warm(path: pathlib.Path) -> None:
 
 
 def available_modes() -> tuple[list[str], dict[str, str]]:
-    """TLS modes usable here, and why the others are not (``sendstream.net.tls.channel.why_unavailable``)."""
+    """TLS modes usable here, and why the others are not (``sendstream.net.tls.why_unavailable``)."""
     sys.path.insert(0, str(REPO))
-    from sendstream.net.tls.channel import why_unavailable
+    from sendstream.net.tls import MODES, why_unavailable
 
     ok, skipped = [], {}
     for mode in MODES:

@@ -129,7 +129,7 @@ with instrumented:
         parse_status,
         stream_identity,
     )
-    from sendstream.net.tls.channel import PlainChannel
+    from sendstream.net.tls import PlainChannel
     from sendstream.ops.downgrade import Downgrader
     from sendstream.ops.ledger import Checkpoint, Ledger
     from sendstream.ops.repair import Healer

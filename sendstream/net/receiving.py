@@ -12,7 +12,7 @@ from ..ops.repair import Healer
 from .journal import Chain, after
 from .listener import MAX_PENDING
 from .progress import Progress, Summary
-from .tls.channel import Channel
+from .tls import Channel
 
 if TYPE_CHECKING:
     from ..ops.ledger import Checkpoint

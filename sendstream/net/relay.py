@@ -29,7 +29,7 @@ from .progress import Progress, Summary
 from .receiving import receive_resumable
 from .sending import PlainSender
 from .session.drivers import WINDOW_SIZE, SessionReceiver, SessionSender
-from .tls.channel import Channel
+from .tls import Channel
 
 
 class Downstream(Protocol):

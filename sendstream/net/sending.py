@@ -23,7 +23,7 @@ from ..io.windows import file_events, is_regular
 from ..ops.repair import Healer
 from .progress import Progress, Summary
 from .session.messages import STATUS_PREFIX
-from .tls.channel import Channel
+from .tls import Channel
 
 if TYPE_CHECKING:
     from ..ops.ledger import Checkpoint

@@ -73,7 +73,7 @@ from ... import errors as e
 from ...errors import ResumeError, SessionError, TlsError, TruncationError
 from ...ops.identity import describe, printable, stream_identity
 from ..listener import Listener
-from ..tls.channel import Channel
+from ..tls import Channel
 from .messages import (
     MAGIC,
     MAX_LINE,

@@ -2,7 +2,7 @@
 
 GnuTLS 3.7 binds external PSKs to SHA-256 only, and this suite needs
 SHA-384 binders. OpenSSL 3.0 (``libssl.so.3``, through a small cffi binding
-in ABI mode, like GnuTLS in :mod:`sendstream.tls`) takes an external PSK as
+in ABI mode, like GnuTLS in :mod:`.gnutls`) takes an external PSK as
 an ``SSL_SESSION`` whose master key is the PSK and whose cipher sets the
 hash: the client's ``psk_use_session`` callback and the server's
 ``psk_find_session`` callback hand one over. Only TLS 1.3, only that
@@ -33,17 +33,9 @@ from typing import Any, Final
 import cffi  # type: ignore[import-untyped]
 
 from ...errors import HandshakeError, TlsCause, TlsError, TruncationError
-from .channel import (
-    _ALERT_CAUSES,
-    _KEY,
-    _KEY_OR_MODE,
-    _MODE,
-    _NOT_TLS,
-    _TRUNCATED,
-    TlsChannel,
-    _Binding,
-    _ServerKeys,
-)
+from .binding import Binding
+from .kernel import ALERT_CAUSES, TRUNCATED, TlsChannel
+from .keys import ServerKeys
 
 _CDEF = """
 typedef struct ssl_st SSL;
@@ -125,17 +117,18 @@ _CLIENT_SECRET, _SERVER_SECRET = "CLIENT_TRAFFIC_SECRET_0", "SERVER_TRAFFIC_SECR
 _TRAFFIC_SECRETS = (_CLIENT_SECRET, _SERVER_SECRET)
 # What a failed handshake most likely means, by OpenSSL reason code.
 _CAUSES: Final = {
-    253: _KEY,  # binder does not verify: a PSK made with another key
-    281: _KEY,  # decryption failed or bad record mac
-    193: _MODE,  # no shared cipher
-    110: _MODE,  # bad extension: a PSK binder of another hash (a SHA-256 PSK, as OpenSSL's -psk and GnuTLS 3.7 make)
-    258: _MODE,  # unsupported protocol
-    102: _MODE,  # unsupported protocol version
-    267: _NOT_TLS,  # wrong version number
-    198: _NOT_TLS,  # packet length too long
-    156: _NOT_TLS,  # http request
-    244: _NOT_TLS,  # unexpected message
-    443: _NOT_TLS,  # bad record type
+    253: TlsCause.KEY,  # binder does not verify: a PSK made with another key
+    281: TlsCause.KEY,  # decryption failed or bad record mac
+    193: TlsCause.MODE,  # no shared cipher
+    # bad extension: a PSK binder of another hash (a SHA-256 PSK, as OpenSSL's -psk and GnuTLS 3.7 make)
+    110: TlsCause.MODE,
+    258: TlsCause.MODE,  # unsupported protocol
+    102: TlsCause.MODE,  # unsupported protocol version
+    267: TlsCause.NOT_TLS,  # wrong version number
+    198: TlsCause.NOT_TLS,  # packet length too long
+    156: TlsCause.NOT_TLS,  # http request
+    244: TlsCause.NOT_TLS,  # unexpected message
+    443: TlsCause.NOT_TLS,  # bad record type
 }
 
 
@@ -222,21 +215,12 @@ class _Psk:
         self.key: bytes | None = None  # client
         self.identity: Any = None  # client: a cffi char array, alive as long as the channel
         self.identity_len = 0
-        self.keys: _ServerKeys | None = None  # server
+        self.keys: ServerKeys | None = None  # server
         self.found = b""  # server: the identity whose key was used
         self.secrets: dict[str, bytes] = {}  # keylog label -> secret
 
 
-_openssl = _Binding(_OpenSSL, "cannot load OpenSSL's libssl.so.3 ({}); install libssl3")
-
-
-def why_unavailable(mode: str) -> str | None:
-    """Why ``mode`` cannot run through OpenSSL here, or None."""
-    try:
-        _openssl()
-    except TlsError as exc:
-        return f"{mode} needs OpenSSL, since GnuTLS 3.7 lacks SHA-384 PSK binders: {exc}"
-    return None
+_openssl = Binding(_OpenSSL, "cannot load OpenSSL's libssl.so.3 ({}); install libssl3")
 
 
 def _check_key_size(key: bytes) -> None:
@@ -267,6 +251,13 @@ class OpenSslChannel(TlsChannel):
     """
 
     _library = "OpenSSL"
+
+    @classmethod
+    def why_unavailable(cls, mode: str) -> str | None:
+        missing = _openssl.why_unavailable()
+        if missing is None:
+            return None
+        return f"{mode} needs OpenSSL, since GnuTLS 3.7 lacks SHA-384 PSK binders: {missing}"
 
     def __init__(self, sock: socket.socket, mode: str, *, client: bool, ktls: bool) -> None:
         super().__init__(sock, mode, client=client, ktls=ktls)
@@ -333,7 +324,7 @@ class OpenSslChannel(TlsChannel):
         self._psk.identity, self._psk.identity_len = self._openssl.ffi.new("char[]", identity), len(identity)
         self._handshake(self._openssl.lib.SSL_connect, timeout)
 
-    def _server_handshake(self, keys: _ServerKeys, timeout: float | None) -> str:
+    def _server_handshake(self, keys: ServerKeys, timeout: float | None) -> str:
         self._psk.keys = keys
         self._handshake(self._openssl.lib.SSL_accept, timeout)
         return self._psk.found.decode("utf-8", "backslashreplace")
@@ -362,9 +353,9 @@ class OpenSslChannel(TlsChannel):
             what = "the peer closed the connection"
         elif _AD_REASON_OFFSET < reason < _AD_REASON_OFFSET + 256:
             alert = reason - _AD_REASON_OFFSET
-            what, cause = f"the peer sent alert {alert} ({self._alert_name(alert)})", _ALERT_CAUSES.get(alert)
+            what, cause = self._said_alert(alert), ALERT_CAUSES.get(alert)
             if alert == _ILLEGAL_PARAMETER:  # GnuTLS's answer to a binder of another key, or of SHA-256
-                cause = _KEY_OR_MODE
+                cause = TlsCause.KEY_OR_MODE
         elif error == _ERROR_SYSCALL and sys_errno:
             what = f"{errno.errorcode.get(sys_errno, sys_errno)}: the peer closed the connection"
         return HandshakeError(f"TLS handshake failed: {what} ({self._hint(cause)})", cause)
@@ -443,13 +434,12 @@ class OpenSslChannel(TlsChannel):
         if reason == _R_UNEXPECTED_EOF_WHILE_READING or (
             error == _ERROR_SYSCALL and sys_errno in (0, errno.ECONNRESET) and not code
         ):
-            return TruncationError(_TRUNCATED)
+            return TruncationError(TRUNCATED)
         if error == _ERROR_SYSCALL and sys_errno:
             return OSError(sys_errno, f"TLS {what} failed: {errno.errorcode.get(sys_errno, sys_errno)}")
         if _AD_REASON_OFFSET < reason < _AD_REASON_OFFSET + 256:
             alert = reason - _AD_REASON_OFFSET
-            name = self._alert_name(alert)
-            return TlsError(f"TLS {what} failed: the peer sent alert {alert} ({name})", TlsCause.ALERT)
+            return TlsError(f"TLS {what} failed: {self._said_alert(alert)}", TlsCause.ALERT)
         return TlsError(f"TLS {what} failed: {self._reason(code)}")
 
     def _alert_name(self, alert: int) -> str:
