@@ -30,7 +30,7 @@ from sendstream.analysis.changes import (
     ls_json,
     ls_lines,
 )
-from sendstream.extract.extractor import extract
+from sendstream.extract import extract
 from sendstream.io.files import file_events
 
 
