@@ -971,7 +971,7 @@ def extract(
     cannot apply here (fileattr, --no-data extents, xattrs or devices the
     file system or user may not have) are skipped with a warning.
     """
-    from .extract.extractor import MAX_CLONE_COPY, Extractor, parse_clone_from
+    from .extract import MAX_CLONE_COPY, Extractor, parse_clone_from
 
     sources, dirs = parse_clone_from(clone_from)
     framer = Framer(max_command_size=max_command_size)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, ROOT
 
-from sendstream.extract.extractor import extract
+from sendstream.extract import extract
 from sendstream.render.dump import escape
 
 EXAMPLES = ROOT / "examples"

@@ -42,8 +42,9 @@ from sendstream import Command, encode_command, encode_stream_header
 from sendstream.analysis.paths import PathTracker, is_temporary_name
 from sendstream.analysis.resolve import resolve
 from sendstream.analysis.statistics import Statistics
+from sendstream.codec.compression import decompress, lzo1x_decompress
 from sendstream.errors import ApplyError, BadCommand, CloneSourceMissing, ExtractError, LimitExceeded, UnsafePath
-from sendstream.extract.extractor import Extractor, decompress, extract, lzo1x_decompress, split_path
+from sendstream.extract import Extractor, extract, split_path
 from sendstream.io.windows import file_events, iter_events
 
 BLOCK = 4096
@@ -820,7 +821,7 @@ def test_random_hostile_sequences_stay_inside() -> None:
 
 
 def test_parse_clone_from() -> None:
-    from sendstream.extract.extractor import parse_clone_from
+    from sendstream.extract import parse_clone_from
 
     u = uuid.UUID("9db24a68-fcc1-8b4c-9e63-ffaea681221b")
     assert parse_clone_from([f"{u}=/srv/lib", "/srv/clones", "a=b"]) == ({u: "/srv/lib"}, ["/srv/clones", "a=b"])
@@ -1030,9 +1031,9 @@ def test_the_comparison_sees_each_attribute(tmp_path: Path) -> None:
     os.setxattr(b / "hello.txt", "user.comment", b"changed")
     fd = os.open(b / "partial-clone.bin", os.O_WRONLY)
     try:
-        from sendstream.extract.extractor import _fallocate
+        from sendstream.extract.syscalls import fallocate
 
-        _fallocate(fd, 3, 0, BLOCK)  # a hole where there was data
+        fallocate(fd, 3, 0, BLOCK)  # a hole where there was data
     finally:
         os.close(fd)
     os.unlink(b / "links" / "hard1")
@@ -1135,7 +1136,7 @@ def cannot_reflink(where: Path) -> bool:
     import fcntl
     import struct
 
-    from sendstream.extract.extractor import FICLONERANGE
+    from sendstream.extract.syscalls import FICLONERANGE
 
     a, b = where / ".reflink-probe-a", where / ".reflink-probe-b"
     a.write_bytes(b"r" * BLOCK)
@@ -1335,7 +1336,7 @@ def test_skips_are_counted_and_a_few_kept(tmp_path: Path) -> None:
     """200,000 CRC-valid unknown commands and 100 kinds of FILEATTR: the report keeps the
     first few skips of each kind (at most SKIP_GROUPS_MAX kinds, then one group of the
     others), counts every one, and the CLI says so in one line per group."""
-    from sendstream.extract.extractor import SKIP_GROUPS_MAX, SKIPS_KEPT
+    from sendstream.extract.report import SKIP_GROUPS_MAX, SKIPS_KEPT
 
     unknown = 200_000
     kinds = 100
