@@ -469,13 +469,10 @@ def dumped(data: bytes, native: bool, strict: bool) -> tuple[bytes, Any]:
 def dumped_json(data: bytes) -> None:
     """``dump --json``."""
     framer = Framer()
-    version = 0
     with bounded(framer):
         for event in file_events(io.BytesIO(data), framer):
-            if isinstance(event, StreamHeader):
-                version = event.version
-            elif isinstance(event, Command):
-                dump_json_line(event, framer.streams, version)
+            if isinstance(event, Command):
+                dump_json_line(event, framer.streams)
 
 
 def dump_text(data: bytes, strict: bool) -> None:
