@@ -1155,6 +1155,8 @@ def outcome(target: Callable[[bytes], None], data: bytes) -> str | None:
     except e.SendStreamError:
         return None
     except Exception as exc:
+        if SCRATCH is not None:
+            SCRATCH.reset()  # the next candidate starts from a clean base
         return signature(exc)
     return None
 
