@@ -18,7 +18,7 @@ from . import __version__
 from . import errors as e
 from .command import Command
 from .crc import IMPLEMENTATION
-from .decoder import MAX_COMMAND_SIZE, Framer, Restart, StreamHeader
+from .decoder import MAX_COMMAND_SIZE, Framer, Restart
 from .files import FlushBeforeRead, atomic_output, file_events, is_regular, is_special, open_input
 from .layout import MAX_VERSION
 from .native import PATH
@@ -226,15 +226,12 @@ def dump(stream: str, as_json: bool, strict: bool, max_command_size: int | None)
     framer = Framer(strict=strict, max_command_size=max_command_size)
     text = TextDumper()
     batch = None if as_json else text.native_batch(out)
-    version = 0
     warned = 0
     with open_input(stream) as source:
         try:
             for event in file_events(source, framer, batch):
-                if isinstance(event, StreamHeader):
-                    version = event.version
-                elif isinstance(event, Command):
-                    out.write(json_line(event, framer.streams, version) if as_json else text.line(event))
+                if isinstance(event, Command):
+                    out.write(json_line(event, framer.streams) if as_json else text.line(event))
                     if len(framer.problems) > warned:
                         warned = _warn(framer.problems, warned, final=False)
         finally:

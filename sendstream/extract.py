@@ -1275,6 +1275,8 @@ class Extractor:
             )
         fd, where = found
         source = _Tree(fd, f"parent {where}", _COPY_CACHE)
+        # a parent extracted in DIR is ours to keep as it was; a --clone-from source is only read
+        ours = parent in self._extracted
         try:
             if _holds(fd, self._dest_fd):
                 raise BadCommand(f"the parent's extraction {where} holds DIR", expected="a directory outside DIR")
@@ -1284,7 +1286,7 @@ class Extractor:
             os.mkdir(name, 0o700, dir_fd=self._dest_fd)
             copy = _Tree(os.open(name, _DIR_FLAGS, dir_fd=self._dest_fd), f"subvolume {_show(name)}", _COPY_CACHE)
             try:
-                self.report.copied_bytes += _copy_tree(source, copy, self._skip)
+                self.report.copied_bytes += _copy_tree(source, copy, self._skip, restore_atimes=ours)
             finally:
                 copy.close()
         finally:
@@ -1528,11 +1530,12 @@ def _can_reflink(tree: _Tree, sample: tuple[bytes, ...], dirfd: int) -> bool:
         os.close(src)
 
 
-def _copy_tree(src: _Tree, dst: _Tree, skip: Callable[[bytes, str], None]) -> int:
+def _copy_tree(src: _Tree, dst: _Tree, skip: Callable[[bytes, str], None], *, restore_atimes: bool) -> int:
     """Copy every entry of ``src`` into the empty ``dst``: types, data (reflinked where
     possible, holes kept), hard links, owners, modes, xattrs, atimes and mtimes; the
-    source is read with O_NOATIME, and a symlink's atime, which reading it changes, is
-    put back. Returns the data bytes copied (not reflinked)."""
+    source is read with O_NOATIME. Reading a symlink moves its atime: with
+    ``restore_atimes`` it is put back (which moves its ctime: a write, only for a source
+    of ours). Returns the data bytes copied (not reflinked)."""
     links = _Links()
     copied = 0
     for parts, st, done in _walk(src):
@@ -1553,7 +1556,7 @@ def _copy_tree(src: _Tree, dst: _Tree, skip: Callable[[bytes, str], None]) -> in
         if kind == stat.S_IFREG:
             copied += _copy_file(src, parts, dirfd)
         elif kind == stat.S_IFLNK:
-            os.symlink(_read_link(src, parts, st), name, dir_fd=dirfd)
+            os.symlink(_read_link(src, parts, st, restore_atimes), name, dir_fd=dirfd)
         elif kind == stat.S_IFIFO:
             os.mkfifo(name, 0o600, dir_fd=dirfd)
         else:
@@ -1590,10 +1593,10 @@ def _copy_file(src: _Tree, parts: tuple[bytes, ...], dirfd: int) -> int:
         os.close(fd)
 
 
-def _read_link(src: _Tree, parts: tuple[bytes, ...], st: os.stat_result) -> bytes:
+def _read_link(src: _Tree, parts: tuple[bytes, ...], st: os.stat_result, restore_atime: bool) -> bytes:
     dirfd = src.directory(parts[:-1])
     target = os.readlink(parts[-1], dir_fd=dirfd)
-    if os.stat(parts[-1], dir_fd=dirfd, follow_symlinks=False).st_atime_ns != st.st_atime_ns:
+    if restore_atime and os.stat(parts[-1], dir_fd=dirfd, follow_symlinks=False).st_atime_ns != st.st_atime_ns:
         with contextlib.suppress(OSError):  # a read-only parent keeps the new atime
             os.utime(parts[-1], ns=(st.st_atime_ns, st.st_mtime_ns), dir_fd=dirfd, follow_symlinks=False)
     return target
