@@ -17,7 +17,7 @@ import click
 from . import __version__
 from . import errors as e
 from .codec.crc import IMPLEMENTATION
-from .codec.decoder import MAX_COMMAND_SIZE, Framer, Restart, StreamHeader
+from .codec.decoder import MAX_COMMAND_SIZE, Framer, Restart
 from .codec.native import PATH
 from .format.command import Command
 from .format.layout import MAX_VERSION
@@ -227,15 +227,12 @@ def dump(stream: str, as_json: bool, strict: bool, max_command_size: int | None)
     framer = Framer(strict=strict, max_command_size=max_command_size)
     text = TextDumper()
     batch = None if as_json else text.native_batch(out)
-    version = 0
     warned = 0
     with open_input(stream) as source:
         try:
             for event in file_events(source, framer, batch):
-                if isinstance(event, StreamHeader):
-                    version = event.version
-                elif isinstance(event, Command):
-                    out.write(json_line(event, framer.streams, version) if as_json else text.line(event))
+                if isinstance(event, Command):
+                    out.write(json_line(event, framer.streams) if as_json else text.line(event))
                     if len(framer.problems) > warned:
                         warned = _warn(framer.problems, warned, final=False)
         finally:

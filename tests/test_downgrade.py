@@ -288,6 +288,20 @@ def test_ranges_past_the_largest_offset_are_errors_not_crashes() -> None:
             d.send(command)
 
 
+def test_preallocation_to_2_64_is_an_error_not_a_crash() -> None:
+    """A range may end at 2^64 (its last byte at 2^64 - 1), but a FALLOCATE that grows the
+    file there became a TRUNCATE to 2^64, which died in struct.pack (fuzz corpus
+    convert/crash-fallocate-grows-file-to-2-64); a WRITE that ends there still converts."""
+    d = Downgrader()
+    d.send(StreamHeader(0, 2))
+    d.send(Command.build("mkfile", [("path", b"f"), ("ino", 257)]))
+    with pytest.raises(DowngradeError, match="past the largest file size") as caught:
+        d.send(fallocate(b"f", 0, 1 << 63, 1 << 63))
+    assert caught.value.expected == f"a size at most {(1 << 64) - 1}"
+    write = Command.build("write", [("path", b"f"), ("file_offset", (1 << 64) - 10), ("data", bytes(10))])
+    assert [c.get("file_offset") for c in d.send(write)] == [(1 << 64) - 10]
+
+
 def test_renames_cost_the_same_whatever_the_number_of_files() -> None:
     """Every RENAME scanned every known size (40k files and 40k renames: 32 s); now the sizes live on
     the inodes of a PathTracker and a rename moves one name: time grows with n, not n^2."""

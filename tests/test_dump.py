@@ -19,10 +19,11 @@ from conftest import (
     first_stream_as_6_2,
     need_btrfs_progs,
     stream_ids,
+    u64,
     utc,
 )
 
-from sendstream import Command
+from sendstream import Command, encode_stream_header
 from sendstream.io.windows import iter_events
 from sendstream.render.dump import TextDumper, escape, format_time
 
@@ -135,3 +136,18 @@ def test_json_keeps_non_utf8_names(tmp_path: Path) -> None:
     path.write_bytes(crafted(1, command_bytes(11, [(15, b"caf\xe9")], 1)))
     first = json.loads(our_dump(path, "UTC", "--json").splitlines()[0])
     assert first["attributes"]["path"] == {"base64": base64.b64encode(b"caf\xe9").decode()}
+
+
+def test_json_after_a_restart_reads_attributes_as_the_restarted_version(tmp_path: Path) -> None:
+    """A v2 header, then a restart into a v1 stream: attribute 26 (FILEATTR, a u64 from v2
+    on) is unknown to v1 and shown raw. It was decoded with the first header's version (a
+    struct.error traceback); fuzz corpus dump/crash-json-restart-into-v1-stale-version."""
+    path = tmp_path / "restarted.stream"
+    mkfile = command_bytes(3, [(15, b"f"), (3, u64(257)), (26, b"\1\0")], 1)
+    path.write_bytes(encode_stream_header(2) + crafted(1, mkfile))
+    run = subprocess.run([sys.executable, "-m", "sendstream", "dump", "--json", str(path)], capture_output=True)
+    assert b"Traceback" not in run.stderr
+    assert b"restarted send" in run.stderr
+    first = json.loads(run.stdout.splitlines()[0])
+    assert (first["version"], first["command"]) == (1, "mkfile")
+    assert first["attributes"] == {"path": "f", "ino": 257, "unknown(26)": {"base64": "AQA="}}

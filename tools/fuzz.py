@@ -9,19 +9,24 @@ Usage::
     python3 tools/fuzz.py --list
     python3 tools/fuzz.py --write-issue-inputs DIR          # the hostile inputs of issue 11, in DIR/TARGET/
 
-Targets (one per surface; each input goes through every check of its target):
+Targets (one per surface). Each input goes through the checks of its target;
+those marked *deep* run on one fuzzed input in ``--deep-every`` (8), chosen by
+the CRC-32 of its bytes, and on every input of ``--replay`` and ``--minimize``:
 
-- ``decoder``: the sans-IO Decoder, strict and lenient, whole and cut (a
-  byte at a time, or in chunks of sizes that do not depend on the input);
-  ``verify_file`` (a pipe's buffered windows and a file's mapped ones),
-  ``find_headers`` and the sender's ``stream_identity``. The native scanner
-  and the pure-Python framer must give the same events and the same verdict
-  (error type, offset and index);
-- ``repair``: the Healer as ``sendstream repair`` drives it, both
-  ``--keep-last`` ways, native and pure alike; what it writes decodes cleanly;
-- ``changes``: ``ls``, ``diff``, ``paths`` and ``stats``, text and JSON,
-  the same on the native and the pure framer;
-- ``dump``: the text (the native printer against the Python one) and JSON lines;
+- ``decoder``: the lenient framer, native scanner against pure Python (the
+  same events, problems and verdict: error type, offset and index), and
+  ``verify_file`` (strict) against the pure framer; *deep*: the strict framer
+  both ways, the sans-IO Decoder strict and lenient, whole and cut (a byte at
+  a time, or in chunks of sizes that do not depend on the input), against the
+  framer; ``verify_file`` on a file's mapped windows and with ``keep_going``;
+  ``find_headers`` and the sender's ``stream_identity``;
+- ``repair``: the Healer as ``sendstream repair`` drives it, native and pure
+  alike; what it writes decodes cleanly; *deep*: the same with ``--keep-last``;
+- ``changes``: ``ls``, ``diff``, ``paths`` and ``stats``, text and JSON, on the
+  native framer's events (decoded once, replayed to each); *deep*: the same on
+  the pure framer's, which must give the same outputs;
+- ``dump``: the text (the native printer against the Python one) and JSON
+  lines; *deep*: the text of ``--strict`` both ways;
 - ``convert``: the writer (a valid input comes back byte for byte) and
   ``--to-version 1`` (a v1 stream comes out, of bounded size);
 - ``extract``: the Extractor into a fresh scratch directory on tmpfs, next to
@@ -43,8 +48,11 @@ writes each crash to ``build/fuzz/TARGET-crashes/``; ``--minimize`` shrinks it
 much faster than libFuzzer's ``-minimize_crash`` does through Python.
 
 Options (the harness's; single-dash flags go to libFuzzer, e.g. ``-runs=N``,
-``-max_total_time=S``, ``-jobs=N``; the defaults given are ``-max_len=4096``,
-70000 for ``session``, and ``-timeout=30``):
+``-max_total_time=S``, ``-jobs=N``; the defaults given are ``-max_len`` of
+:data:`MAX_LEN`, ``-timeout=30`` and ``-print_final_stats=1``):
+
+- ``--deep-every N``: the deep checks on one input in N (default 8; 1: all
+  checks on every input);
 
 - ``--memory-mb N``: RLIMIT_AS of the process (default 1024; never under ASan,
   which reserves terabytes of address space);
@@ -71,6 +79,7 @@ The library imported is this checkout's, unless PYTHONPATH says otherwise
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import io
 import json
@@ -90,7 +99,7 @@ import traceback
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 TOOLS = Path(__file__).resolve().parent
 REPO = TOOLS.parent
@@ -337,6 +346,19 @@ def same_run(what: str, a: tuple[Any, ...], b: tuple[Any, ...]) -> None:
 SKIP_KNOWN = False
 SKIPPED: dict[str, int] = {}
 
+# The costly passes that check again what another pass already covers (the sans-IO
+# Decoder fed whole and cut, the mapped file, keep_going, the pure framer where the
+# native one gives the verdict, ...) run on one fuzzed input in DEEP_EVERY, chosen by
+# the CRC-32 of its bytes: the same input always gets the same passes. --replay and
+# --minimize run every pass on every input (DEEP_EVERY 1), so a crash a run finds
+# reproduces there.
+DEEP_EVERY = 1
+
+
+def deep(data: bytes) -> bool:
+    """Whether ``data`` gets the costly passes (see :data:`DEEP_EVERY`)."""
+    return DEEP_EVERY == 1 or zlib.crc32(data) % DEEP_EVERY == 0
+
 
 def part(run: Callable[[], object]) -> None:
     """Run an independent part of a target: our own error passes, and with
@@ -371,20 +393,25 @@ def guarded(run: Callable[[], Any]) -> Any:
 
 
 def target_decoder(data: bytes) -> None:
-    for strict in (False, True):
-        whole = decoder_events(data, [len(data)], strict=strict)
-        for sizes in chunkings(data, strict):
-            same_run("Decoder.chunking", whole, decoder_events(data, sizes, strict=strict))
+    thorough = deep(data)
+    for strict in (False, True) if thorough else (False,):
         runs = [framer_events(data, strict=strict, native=native) for native in RUNS]
         same_run("Framer.native-vs-pure", runs[0], runs[-1])
-        same_run("Decoder-vs-file_events", whole, runs[-1])
-    for keep_going in (False, True):
+        if thorough:
+            whole = decoder_events(data, [len(data)], strict=strict)
+            for sizes in chunkings(data, strict):
+                same_run("Decoder.chunking", whole, decoder_events(data, sizes, strict=strict))
+            same_run("Decoder-vs-file_events", whole, runs[-1])
+    # strict, every input: the verdict of verify_file, native and pure
+    for keep_going in (False, True) if thorough else (False,):
         results = [report_of(io.BytesIO(data), keep_going), pure_verify(io.BytesIO(data), keep_going)]
-        with memfd(data) as mapped:
-            results.append(report_of(mapped, keep_going))
+        if thorough:
+            with memfd(data) as mapped:
+                results.append(report_of(mapped, keep_going))
         agree(f"verify_file(keep_going={keep_going})", results)
-    part(lambda: list(find_headers(io.BytesIO(data))))
-    part(lambda: stream_identity(data[:PREFIX_SIZE]))
+    if thorough:
+        part(lambda: list(find_headers(io.BytesIO(data))))
+        part(lambda: stream_identity(data[:PREFIX_SIZE]))
 
 
 class HealedOutput:
@@ -410,7 +437,7 @@ def repaired(data: bytes, keep_last: bool, native: bool) -> bytes:
 
 
 def target_repair(data: bytes) -> None:
-    for keep_last in (False, True):
+    for keep_last in (False, True) if deep(data) else (False,):
         results = [guarded(functools.partial(repaired, data, keep_last, native)) for native in RUNS]
         agree(f"repair(keep_last={keep_last})", results)
         out = results[0]
@@ -420,38 +447,68 @@ def target_repair(data: bytes) -> None:
                 raise Finding("Unclean@repair", f"keep_last={keep_last}: the output does not decode cleanly: {error}")
 
 
+def kept(event: Any) -> Any:
+    """A copy of an event that stays valid after the next one (values in buffers of their own)."""
+    if not isinstance(event, Command):
+        return event
+    return Command(
+        event.cmd,
+        None if event.attributes is None else [(t, memoryview(bytes(v))) for t, v in event.attributes],
+        payload=None if event.payload is None else memoryview(bytes(event.payload)),
+        offset=event.offset, index=event.index, crc=event.crc, version=event.version,
+    )  # fmt: skip
+
+
+class Recorded:
+    """The events of ``data`` as ``file_events`` hands them out, decoded once and then
+    replayed (the same events, then the same error) to each consumer of the input."""
+
+    def __init__(self, data: bytes, native: bool) -> None:
+        framer = Framer(batch=native)
+        self.events: list[Any] = []
+        self.error: e.SendStreamError | None = None
+        with bounded(framer):
+            try:
+                self.events.extend(kept(event) for event in file_events(io.BytesIO(data), framer))
+            except e.SendStreamError as exc:
+                self.error = exc.with_traceback(None)
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from self.events
+        if self.error is not None:
+            raise self.error
+
+
 def changes_text(data: bytes, native: bool) -> list[Any]:
     """Every output of ls, diff, paths and stats for ``data``, or our error's verdict."""
+    events = Recorded(data, native)
 
     def ls_and_diff() -> list[bytes]:
-        framer = Framer(batch=native)
         out: list[bytes] = []
-        with bounded(framer):
-            for result in changes(file_events(io.BytesIO(data), framer)):
-                out.extend(ls_lines(result))
-                out.extend(diff_lines(result.diff()))
-                out.append(json_line(ls_json(result)))
-                out.append(json_line(diff_json(result)))
+        for result in changes(events):
+            out.extend(ls_lines(result))
+            out.extend(diff_lines(result.diff()))
+            out.append(json_line(ls_json(result)))
+            out.append(json_line(diff_json(result)))
         return out
 
     def paths() -> list[bytes]:
-        framer = Framer(batch=native)
-        with bounded(framer):
-            return [record_line(r) + record_json_line(r) for r in resolve(file_events(io.BytesIO(data), framer))]
+        return [record_line(r) + record_json_line(r) for r in resolve(events)]
 
     def stats() -> list[str]:
-        framer = Framer(batch=native)
         statistics = Statistics()
-        with bounded(framer):
-            for event in file_events(io.BytesIO(data), framer):
-                statistics.feed(event)
+        for event in events:
+            statistics.feed(event)
         return statistics_lines(statistics)
 
     return [guarded(ls_and_diff), guarded(paths), guarded(stats)]
 
 
 def target_changes(data: bytes) -> None:
-    agree("ls/diff/paths/stats", [changes_text(data, native) for native in RUNS])
+    """ls, diff, paths and stats on the native framer's events; on the deep inputs also on
+    the pure framer's, which must give the same (the framers' own agreement is the
+    decoder target's, on every input)."""
+    agree("ls/diff/paths/stats", [changes_text(data, native) for native in (RUNS if deep(data) else RUNS[:1])])
 
 
 def dumped(data: bytes, native: bool, strict: bool) -> tuple[bytes, Any]:
@@ -473,13 +530,10 @@ def dumped(data: bytes, native: bool, strict: bool) -> tuple[bytes, Any]:
 def dumped_json(data: bytes) -> None:
     """``dump --json``."""
     framer = Framer()
-    version = 0
     with bounded(framer):
         for event in file_events(io.BytesIO(data), framer):
-            if isinstance(event, StreamHeader):
-                version = event.version
-            elif isinstance(event, Command):
-                dump_json_line(event, framer.streams, version)
+            if isinstance(event, Command):
+                dump_json_line(event, framer.streams)
 
 
 def dump_text(data: bytes, strict: bool) -> None:
@@ -488,7 +542,7 @@ def dump_text(data: bytes, strict: bool) -> None:
 
 
 def target_dump(data: bytes) -> None:
-    for strict in (False, True):
+    for strict in (False, True) if deep(data) else (False,):
         part(functools.partial(dump_text, data, strict))
     part(lambda: dumped_json(data))
 
@@ -572,22 +626,37 @@ class Scratch:
         with Extractor(template) as extractor:
             for event in file_events(io.BytesIO(data)):
                 extractor.event(event)
+        self.templates: dict[Path, list[TreeEntry]] = {}  # what copy_tree reads, read once
         self.before = self.snapshot()
 
     def snapshot(self) -> dict[str, tuple[int, ...]]:
         """Every name under the base except the scratch directory, with what an lstat says."""
-        out = {}
-        for root, dirs, files in os.walk(self.base):
-            if root == str(self.base):
-                dirs[:] = [d for d in dirs if d != "scratch"]
-            for name in [*dirs, *files, "."]:
-                path = os.path.join(root, name)
-                st = os.lstat(path)
-                key = os.path.relpath(path, self.base)
-                out[key] = (st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink)
-                if key == ".":  # making and removing the scratch directory changes the rest
-                    out[key] = out[key][:3]
+        st = os.lstat(self.base)
+        out: dict[str, tuple[int, ...]] = {".": (st.st_mode, st.st_uid, st.st_gid)}  # the scratch dir changes the rest
+        pending = [("", str(self.base))]
+        while pending:
+            rel, path = pending.pop()
+            with os.scandir(path) as entries:
+                for entry in entries:
+                    if not rel and entry.name == "scratch":
+                        continue
+                    key = f"{rel}/{entry.name}" if rel else entry.name
+                    st = entry.stat(follow_symlinks=False)
+                    out[key] = (
+                        st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink
+                    )  # fmt: skip
+                    if stat.S_ISDIR(st.st_mode):
+                        pending.append((key, entry.path))
         return out
+
+    def copy_tree(self, source: Path, dest: Path) -> None:
+        """Copy an extraction of the clone sources into the existing ``dest`` as :func:`copy_tree`
+        does; the sources never change (:meth:`check`), so each is read once."""
+        entries = self.templates.get(source)
+        if entries is None:
+            entries = self.templates[source] = list(tree_entries(source))
+        for entry in entries:
+            make_entry(dest / entry.path, entry)
 
     def check(self) -> None:
         after = self.snapshot()
@@ -617,22 +686,54 @@ def scratch_base() -> Path:
     return Path(tempfile.mkdtemp(prefix=f"sendstream-fuzz-{os.getpid()}-", dir=parent))
 
 
-def copy_tree(source: Path, dest: Path) -> None:
-    """Copy an extraction into the existing ``dest``: files, links, fifos and device nodes as they are."""
+class TreeEntry(NamedTuple):
+    """An entry of an extraction, as :func:`make_entry` makes it again."""
+
+    path: str
+    st: os.stat_result
+    content: bytes | None  # a file's data, a link's target
+    xattrs: list[tuple[str, bytes]]
+
+
+def tree_entries(source: Path) -> Iterator[TreeEntry]:
+    """Every entry below ``source``, a directory before what it holds."""
     for root, dirs, files in os.walk(source):
-        target = dest / os.path.relpath(root, source)
         for name in [*dirs, *files]:
-            src, dst = os.path.join(root, name), target / name
-            st = os.lstat(src)
-            if stat.S_ISDIR(st.st_mode):
-                dst.mkdir(st.st_mode & 0o7777)
-            elif stat.S_ISREG(st.st_mode):
-                shutil.copy2(src, dst)
+            path = os.path.join(root, name)
+            st = os.lstat(path)
+            content, xattrs = None, []
+            if stat.S_ISREG(st.st_mode):
+                content = Path(path).read_bytes()
+                xattrs = [(n, os.getxattr(path, n)) for n in os.listxattr(path)]
             elif stat.S_ISLNK(st.st_mode):
-                dst.symlink_to(os.readlink(src))
-            else:
-                with contextlib.suppress(PermissionError):  # devices need root
-                    os.mknod(dst, st.st_mode, st.st_rdev)
+                content = os.fsencode(os.readlink(path))
+            yield TreeEntry(os.path.relpath(path, source), st, content, xattrs)
+
+
+def make_entry(dst: Path, entry: TreeEntry) -> None:
+    """Make ``entry`` at ``dst`` as ``cp -a`` (``shutil.copy2`` for a file) would: directories
+    with their mode (times are not kept), files with data, times, xattrs and mode, links
+    with their target, fifos and device nodes as they are."""
+    st = entry.st
+    if stat.S_ISDIR(st.st_mode):
+        dst.mkdir(st.st_mode & 0o7777)
+    elif stat.S_ISREG(st.st_mode):
+        assert entry.content is not None
+        dst.write_bytes(entry.content)
+        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+        for name, value in entry.xattrs:
+            try:
+                os.setxattr(dst, name, value)
+            except OSError as exc:  # as shutil.copystat, what the file system refuses is left out
+                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.ENODATA, errno.EINVAL):
+                    raise
+        os.chmod(dst, stat.S_IMODE(st.st_mode))
+    elif stat.S_ISLNK(st.st_mode):
+        assert entry.content is not None
+        dst.symlink_to(os.fsdecode(entry.content))
+    else:
+        with contextlib.suppress(PermissionError):  # devices need root
+            os.mknod(dst, st.st_mode, st.st_rdev)
 
 
 def _remove(path: Path) -> None:
@@ -687,7 +788,7 @@ def target_extract(data: bytes) -> None:
             with contextlib.suppress(KeyError, ValueError):
                 parent = scratch.sources / str(subvolumes[0].get("clone_uuid"))
                 if parent.is_dir():
-                    copy_tree(parent, scratch.scratch)
+                    scratch.copy_tree(parent, scratch.scratch)
         with contextlib.suppress(e.SendStreamError):
             extractor = Extractor(scratch.scratch, clone_dirs=[scratch.sources], per_subvolume=per_subvolume)
             framer = Framer()
@@ -785,9 +886,14 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "session": target_session,
 }
 STREAM_TARGETS = {"decoder", "repair", "changes", "dump", "convert", "extract"}
-# -max_len unless given (small inputs run faster); a session line may pass the 64 KiB limit
-MAX_LEN = {"session": 70000}
-SEED_SIZE = 3 << 10
+# -max_len unless given. Time grows with the commands of an input, and the corpus drifts to
+# the longest; 2 KiB still holds more than ProblemLog.KEEP (100) problems of 10-byte commands,
+# where problems are counted instead of kept. repair: more than the Healer's 100 restarts kept
+# (27 bytes each at least); session: a line past the 64 KiB limit.
+MAX_LEN = {"decoder": 2048, "repair": 3072, "changes": 2048, "dump": 2048, "convert": 2048, "extract": 2048,
+           "session": 70000}  # fmt: skip
+DEEP_EVERY_FUZZING = 8
+SEED_SIZE = 1 << 10  # seeds of the fixtures: about 2 KiB, the -max_len of most targets
 
 
 # --- seeds ------------------------------------------------------------------------------------------------------------
@@ -887,19 +993,34 @@ def tour(version: int) -> bytes:
 
 
 def stream_seeds() -> dict[str, bytes]:
+    """Each fixture (WRITE data cut short) in pieces of about :data:`SEED_SIZE`: its
+    first commands, then each later run of commands after its subvolume's; each
+    ENCODED_WRITE alone; a tour of every command of each version; restarts."""
     seeds: dict[str, bytes] = {}
+    end = encode_command(Command.build("end"), 1)
     for path in sorted(FIXTURES.glob("*.stream")):
         data = seed_stream(path, size=SEED_SIZE)
         if len(data) <= SEED_SIZE + 1024:
             seeds[path.stem] = data
-        # each command alone, in a stream of its own version with its subvolume (for big ones)
-        events = list(file_events(io.BytesIO(data)))
+        events = [kept(ev) for ev in file_events(io.BytesIO(seed_stream(path)))]
         version = next(ev.version for ev in events if isinstance(ev, StreamHeader))
         first = next(ev for ev in events if isinstance(ev, Command))
+        start = encode_stream_header(version) + encode_command(first, version)
+        run, at = b"", 0
         for ev in events:
-            if isinstance(ev, Command) and ev.name == "encoded_write":
-                one = encode_stream_header(version) + encode_command(first, version) + encode_command(ev, version)
-                seeds[f"{path.stem}-encoded-{ev.index}"] = one + encode_command(Command.build("end"), version)
+            if not isinstance(ev, Command) or ev.name in ("subvol", "snapshot", "end"):
+                continue
+            one = encode_command(ev, version)
+            if ev.name == "encoded_write" and len(one) <= SEED_SIZE:  # alone, with its subvolume
+                seeds[f"{path.stem}-encoded-{ev.index}"] = start + one + end
+            if ev.offset < len(data) - len(end) or len(one) > SEED_SIZE:
+                continue  # in the first piece, or too big for a piece
+            run, at = run + one, at or ev.index
+            if len(run) > SEED_SIZE:
+                seeds[f"{path.stem}-at-{at}"] = start + run + end
+                run, at = b"", 0
+        if run:
+            seeds[f"{path.stem}-at-{at}"] = start + run + end
     for version in range(1, MAX_VERSION + 1):
         seeds[f"tour-v{version}"] = tour(version)
     small = seeds["rich-incr-nodata-v2"]
@@ -1162,6 +1283,8 @@ def outcome(target: Callable[[bytes], None], data: bytes) -> str | None:
     except e.SendStreamError:
         return None
     except Exception as exc:
+        if SCRATCH is not None:
+            SCRATCH.reset()  # the next candidate starts from a clean base
         return signature(exc)
     return None
 
@@ -1230,7 +1353,7 @@ def fuzz(target: str, options: dict[str, Any], args: list[str]) -> None:
     crashes.mkdir(parents=True, exist_ok=True)
     defaults = {
         "-artifact_prefix": f"{crashes}/",
-        "-max_len": str(MAX_LEN.get(target, 4 << 10)),
+        "-max_len": str(MAX_LEN[target]),
         "-timeout": "30",
         "-print_final_stats": "1",
     }
@@ -1275,11 +1398,12 @@ def main(argv: list[str]) -> int:
     if target not in TARGETS:
         print(f"fuzz: unknown target {target!r}; one of {', '.join(TARGETS)}", file=sys.stderr)
         return 2
-    options = {"memory_mb": 1024, "fsize_mb": 16, "skip_known": False, "no_seeds": False}
+    options = {"memory_mb": 1024, "fsize_mb": 16, "skip_known": False, "no_seeds": False,
+               "deep_every": DEEP_EVERY_FUZZING}  # fmt: skip
     args, replaying, minimizing = [], False, False
     it = iter(rest)
     for arg in it:
-        if arg in ("--memory-mb", "--fsize-mb"):
+        if arg in ("--memory-mb", "--fsize-mb", "--deep-every"):
             options[arg[2:].replace("-", "_")] = int(next(it))
         elif arg in ("--skip-known", "--no-seeds"):
             options[arg[2:].replace("-", "_")] = True
@@ -1294,8 +1418,9 @@ def main(argv: list[str]) -> int:
             return 2
         else:
             args.append(arg)
-    global SKIP_KNOWN
+    global SKIP_KNOWN, DEEP_EVERY
     SKIP_KNOWN = bool(options["skip_known"])
+    DEEP_EVERY = 1 if replaying or minimizing else max(1, int(options["deep_every"]))
     SMALL_STREAM = tour(2)
     limit_memory(options["memory_mb"])
     if target == "extract" and not replaying and not minimizing and SCRATCH_ENV not in os.environ:

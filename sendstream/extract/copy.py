@@ -74,6 +74,8 @@ def copy_parent(cmd: Command, name: bytes, dest_fd: int, sources: CloneSources, 
         )
     fd, where = found
     source = Tree(fd, f"parent {where}", COPY_CACHE)
+    # a parent extracted in DIR is ours to keep as it was; a --clone-from source is only read
+    ours = sources.extracted(parent)
     try:
         if _holds(fd, dest_fd):
             raise BadCommand(f"the parent's extraction {where} holds DIR", expected="a directory outside DIR")
@@ -83,7 +85,7 @@ def copy_parent(cmd: Command, name: bytes, dest_fd: int, sources: CloneSources, 
         os.mkdir(name, 0o700, dir_fd=dest_fd)
         copy = Tree(os.open(name, DIR_FLAGS, dir_fd=dest_fd), f"subvolume {show(name)}", COPY_CACHE)
         try:
-            budget.spend(_copy_tree(source, copy, functools.partial(skip, cmd)))
+            budget.spend(_copy_tree(source, copy, functools.partial(skip, cmd), restore_atimes=ours))
         finally:
             copy.close()
     finally:
@@ -192,11 +194,12 @@ def _can_reflink(tree: Tree, sample: tuple[bytes, ...], dirfd: int) -> bool:
         os.close(src)
 
 
-def _copy_tree(src: Tree, dst: Tree, skip: Callable[[bytes, str], None]) -> int:
+def _copy_tree(src: Tree, dst: Tree, skip: Callable[[bytes, str], None], *, restore_atimes: bool) -> int:
     """Copy every entry of ``src`` into the empty ``dst``: types, data (reflinked where
     possible, holes kept), hard links, owners, modes, xattrs, atimes and mtimes; the
-    source is read with O_NOATIME, and a symlink's atime, which reading it changes, is
-    put back. Returns the data bytes copied (not reflinked)."""
+    source is read with O_NOATIME. Reading a symlink moves its atime: with
+    ``restore_atimes`` it is put back (which moves its ctime: a write, only for a source
+    of ours). Returns the data bytes copied (not reflinked)."""
     links = _Links()
     copied = 0
     for parts, st, done in _walk(src):
@@ -217,7 +220,7 @@ def _copy_tree(src: Tree, dst: Tree, skip: Callable[[bytes, str], None]) -> int:
         if kind == stat.S_IFREG:
             copied += _copy_file(src, parts, dirfd)
         elif kind == stat.S_IFLNK:
-            os.symlink(_read_link(src, parts, st), name, dir_fd=dirfd)
+            os.symlink(_read_link(src, parts, st, restore_atimes), name, dir_fd=dirfd)
         elif kind == stat.S_IFIFO:
             os.mkfifo(name, 0o600, dir_fd=dirfd)
         elif not mknod_or_file(name, kind | 0o600, st.st_rdev, dirfd):
@@ -249,10 +252,10 @@ def _copy_file(src: Tree, parts: tuple[bytes, ...], dirfd: int) -> int:
         os.close(fd)
 
 
-def _read_link(src: Tree, parts: tuple[bytes, ...], st: os.stat_result) -> bytes:
+def _read_link(src: Tree, parts: tuple[bytes, ...], st: os.stat_result, restore_atime: bool) -> bytes:
     dirfd = src.directory(parts[:-1])
     target = os.readlink(parts[-1], dir_fd=dirfd)
-    if os.stat(parts[-1], dir_fd=dirfd, follow_symlinks=False).st_atime_ns != st.st_atime_ns:
+    if restore_atime and os.stat(parts[-1], dir_fd=dirfd, follow_symlinks=False).st_atime_ns != st.st_atime_ns:
         with contextlib.suppress(OSError):  # a read-only parent keeps the new atime
             os.utime(parts[-1], ns=(st.st_atime_ns, st.st_mtime_ns), dir_fd=dirfd, follow_symlinks=False)
     return target

@@ -68,6 +68,10 @@ class CloneSources:
         """``subvolume`` is extracted in DIR/NAME (per subvolume)."""
         self._extracted[subvolume.uuid] = subvolume
 
+    def extracted(self, uuid: UUID) -> bool:
+        """Whether subvolume ``uuid`` was extracted in DIR (ours to keep as it was), not given."""
+        return uuid in self._extracted
+
     def find(self, uuid: UUID) -> tuple[int, str] | None:
         """An O_PATH fd and the place of an extraction of subvolume ``uuid``: extracted
         before in this input (DIR/NAME, per subvolume), or given as a clone source.

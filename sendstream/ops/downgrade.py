@@ -222,6 +222,15 @@ class Downgrader:
         if size is None:
             self._warn(cmd, f"preallocation up to {end} of a file of unknown size dropped (the size may differ)")
         elif end > size:
+            if end > _U64_END - 1:  # the range may end at 2^64; a size may not reach it
+                raise DowngradeError(
+                    f"the preallocation of {offset} + {length} makes the file {end} bytes long, past the "
+                    "largest file size",
+                    offset=cmd.offset,
+                    index=cmd.index,
+                    command=cmd.name,
+                    expected=f"a size at most {_U64_END - 1}",
+                )
             inode.info = end
             yield Command.build("truncate", [("path", path), ("size", end)])
 

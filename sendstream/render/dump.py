@@ -261,8 +261,10 @@ def json_value(number: int, raw: Any, version: int = MAX_VERSION) -> Any:
     return value
 
 
-def json_object(cmd: Command, stream: int, version: int) -> dict[str, Any]:
-    """One command as a JSON-ready dict: offset, index, name, typed attributes."""
+def json_object(cmd: Command, stream: int) -> dict[str, Any]:
+    """One command as a JSON-ready dict: offset, index, name, typed attributes (as the
+    version of the stream it is in defines them: a restart may change it)."""
+    version = cmd.version
     obj: dict[str, Any] = {
         "offset": cmd.offset,
         "index": cmd.index,
@@ -277,5 +279,5 @@ def json_object(cmd: Command, stream: int, version: int) -> dict[str, Any]:
     return obj
 
 
-def json_line(cmd: Command, stream: int, version: int) -> bytes:
-    return json.dumps(json_object(cmd, stream, version), separators=(",", ":")).encode() + b"\n"
+def json_line(cmd: Command, stream: int) -> bytes:
+    return json.dumps(json_object(cmd, stream), separators=(",", ":")).encode() + b"\n"
