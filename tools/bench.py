@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark ``sendstream`` against ``cat`` and ``btrfs receive --dump`` on two real streams.
 
-Usage: ``python3 tools/bench.py [--dir DIR] [--repeat N] [--quick] [--commands N]``
+Usage: ``python3 tools/bench.py [--dir DIR] [--repeat N] [--quick] [--commands N] [--before CHECKOUT]``
 
 The streams (``bigwrite.stream``, ~1.06 GiB, v2; ``metadata.stream``, ~36 MB,
 724,005 commands, v1) are made and cached by ``tools/make_bench_streams.py``
@@ -10,7 +10,11 @@ the page cache; then each command is run ``--repeat`` times, interleaved, and
 the best wall time and the highest peak RSS (``ru_maxrss`` from ``os.wait4``)
 are reported as one markdown table per stream.  ``sendstream`` runs with this
 checkout first on ``PYTHONPATH``, so the code measured is the code next to this
-file.  Progress goes to stderr, the report to stdout.  Exits 1 if any measured command fails.  Standard library only.
+file.  With ``--before CHECKOUT`` (another checkout, its native module built)
+every ``sendstream`` row is also run with that checkout's package, interleaved in
+the same rounds, and a "vs before" column gives before / now.  Progress goes to
+stderr, the report to stdout.  Exits 1 if any measured command fails.  Standard
+library only.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class Tool:
     argv: tuple[str, ...]
     pipe_in: bool = False
     capture: bool = False
+    pythonpath: str | None = None  # another checkout's package instead of this one (``--before``)
 
 
 @dataclasses.dataclass
@@ -86,9 +91,9 @@ def find_exe(name: str) -> str:
     return os.path.abspath(path)
 
 
-def bench_env() -> dict[str, str]:
-    """Children's environment: this checkout's package first on the path; UTC, C locale."""
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+def bench_env(repo: pathlib.Path | str = REPO) -> dict[str, str]:
+    """Children's environment: ``repo``'s package first on the path; UTC, C locale."""
+    path = os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH", "")) if p)
     # TZ/LC_ALL: the same time formatting work for `btrfs receive --dump` and `sendstream dump`.
     return dict(os.environ, PYTHONPATH=path, TZ="UTC", LC_ALL="C")
 
@@ -169,10 +174,14 @@ def run_once(argv: tuple[str, ...], stdin_path: pathlib.Path | None, env: dict[s
     return Run(elapsed, usage.ru_maxrss, floor, output)
 
 
-def make_tools(sendstream: str, btrfs: str, cat: str, stream: pathlib.Path) -> list[Tool]:
-    """The command lines measured on *stream*; references first."""
+BEFORE = " (before)"
+
+
+def make_tools(sendstream: str, btrfs: str, cat: str, stream: pathlib.Path, before: str | None = None) -> list[Tool]:
+    """The command lines measured on *stream*; references first. With ``before`` (a
+    checkout), each ``sendstream`` row is followed by its twin run on that checkout."""
     s = str(stream)
-    return [
+    tools = [
         Tool(CAT_LABEL, (cat, s)),
         Tool(BTRFS_LABEL, (btrfs, "receive", "--dump"), pipe_in=True),
         Tool("sendstream verify", (sendstream, "verify", s), capture=True),
@@ -180,6 +189,14 @@ def make_tools(sendstream: str, btrfs: str, cat: str, stream: pathlib.Path) -> l
         Tool("sendstream repair FILE -", (sendstream, "repair", "-q", s, "-")),
         Tool("sendstream convert FILE -", (sendstream, "convert", s, "-")),
     ]
+    if before is None:
+        return tools
+    twins = (
+        dataclasses.replace(t, label=t.label + BEFORE, pythonpath=before, capture=False)
+        for t in tools
+        if t.label.startswith("sendstream")
+    )
+    return tools + list(twins)
 
 
 def measure(tools: list[Tool], stream: pathlib.Path, repeat: int, env: dict[str, str]) -> list[Result]:
@@ -187,7 +204,8 @@ def measure(tools: list[Tool], stream: pathlib.Path, repeat: int, env: dict[str,
     results = [Result(t) for t in tools]
     for rnd in range(1, repeat + 1):
         for res in results:
-            run = run_once(res.tool.argv, stream if res.tool.pipe_in else None, env, res.tool.capture)
+            run_env = env if res.tool.pythonpath is None else bench_env(res.tool.pythonpath)
+            run = run_once(res.tool.argv, stream if res.tool.pipe_in else None, run_env, res.tool.capture)
             res.times.append(run.seconds)
             res.maxrss_kib = max(res.maxrss_kib, run.maxrss_kib)
             res.floor_kib = max(res.floor_kib, run.floor_kib)
@@ -250,16 +268,22 @@ def table(name: str, stream: pathlib.Path, results: list[Result], commands: int 
     lines = [
         f"### {name}.stream: {size:,} bytes ({size / 2**30:.2f} GiB), {cmd_text}, best of {repeat}",
         "",
-        "| tool | seconds | MB/s | M commands/s | vs btrfs --dump | vs cat | peak RSS MB |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| tool | seconds | MB/s | M commands/s | vs btrfs --dump | vs cat | peak RSS MB |"
+        + (" vs before |" if any(r.tool.pythonpath for r in results) else ""),
+        "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if any(r.tool.pythonpath for r in results) else ""),
     ]
     for r in results:
         t = r.best
         mcps = f"{commands / t / 1e6:.3f}" if commands is not None and t > 0 else "-"
-        lines.append(
+        row = (
             f"| `{r.tool.label}` | {t:.3f} | {size / t / 1e6:,.1f} | {mcps} "
             f"| {fmt_ratio(t_btrfs, t)} | {fmt_ratio(t_cat, t)} | {fmt_rss(r)} |"
         )
+        if (old := by_label.get(r.tool.label + BEFORE)) is not None:
+            row += f" {fmt_ratio(old.best, t)} |"
+        elif lines[2].endswith("vs before |"):
+            row += " |"
+        lines.append(row)
     inner = INNER_RE.search(by_label["sendstream verify"].output)
     if inner and commands is not None and (t := float(inner.group(1))) > 0:
         lines += [
@@ -276,6 +300,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dir", type=pathlib.Path, default=DEFAULT_DIR, help=f"stream cache (default {DEFAULT_DIR})")
     p.add_argument("--repeat", type=int, default=None, metavar="N", help="runs per command, best kept (default 3)")
     p.add_argument("--quick", action="store_true", help="metadata stream only, 1 run (smoke test)")
+    p.add_argument(
+        "--before", metavar="CHECKOUT", help="also run every sendstream row with this checkout's package (a ratio)"
+    )
     p.add_argument("--commands", type=int, default=None, metavar="N", help="metadata stream's command count")
     args = p.parse_args(argv)
     if args.repeat is None:
@@ -310,7 +337,7 @@ def main(argv: list[str]) -> int:
         tables = []
         for name, path in streams.items():
             log(f"{name}: {path}")
-            results = measure(make_tools(sendstream, btrfs, cat, path), path, args.repeat, env)
+            results = measure(make_tools(sendstream, btrfs, cat, path, args.before), path, args.repeat, env)
             verify = next(r for r in results if r.tool.label == "sendstream verify")
             commands = parse_commands(verify.output)
             if name == "metadata" and args.commands is not None:
@@ -326,6 +353,9 @@ def main(argv: list[str]) -> int:
     print(f"- kernel: {platform.system()} {platform.release()}; Python {platform.python_version()}")
     print(f"- {version_of([btrfs, '--version'])} ({btrfs}); sendstream: {sendstream} (package: {pkg})")
     print(f"- checkout: {checkout()}; {crc_line}")
+    if args.before:
+        before = version_of(["git", "-C", args.before, "rev-parse", "--short", "HEAD"])
+        print(f"- before: {args.before} at {before}; 'vs before' is its time / this checkout's (> 1: faster now)")
     print("- wall time best of N runs, page cache warm, stdout to /dev/null; `btrfs receive --dump` reads stdin")
     print("- MB = 1e6 bytes; ratios are other_time / our_time (> 1: this row is faster)")
     print(
