@@ -27,12 +27,6 @@ from ..codec.native import END, FULL, NEED
 from ..codec.scan import Batch, run_batch
 
 CHUNK_SIZE = 1 << 20
-
-
-CHUNK_SIZE = 1 << 20
-WINDOW_SIZE = 16 << 20
-
-
 WINDOW_SIZE = 16 << 20
 _PAGE = mmap.PAGESIZE
 
