@@ -73,10 +73,6 @@ def command_bytes(cmd: int, attrs: list[tuple[int, bytes]], version: int = 2) ->
     return encode_command(Command(cmd, list(attrs)), version)
 
 
-def tlv(t: int, value: bytes) -> tuple[int, bytes]:
-    return (t, value)
-
-
 def u64(v: int) -> bytes:
     return struct.pack("<Q", v)
 
