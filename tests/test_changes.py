@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES
+from support.streams import FIXTURES
 
 from sendstream.analysis.changes import Change, SubvolumeChanges, changes
 from sendstream.extract import extract
@@ -221,7 +221,8 @@ def test_diff_matches_btrfs_receive(v: str) -> None:
     import shutil
     import subprocess
 
-    from conftest import btrfs_loop, need_root_btrfs
+    from support.btrfs import need_root_btrfs
+    from support.loopfs import btrfs_loop
 
     need_root_btrfs()
     with btrfs_loop("1G") as mnt:

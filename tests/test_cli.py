@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, boundaries
+from support.streams import FIXTURES, boundaries
 
 SAMPLE = FIXTURES / "rich-incr-v2.stream"
 

@@ -9,7 +9,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, STREAMS, boundaries, command_bytes, crafted, decode, random_chunks
+from support.streams import FIXTURES, STREAMS, boundaries, command_bytes, crafted, decode, random_chunks
 
 from sendstream import errors as e
 from sendstream import verify_file

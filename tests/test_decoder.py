@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import END, canon, command_bytes, crafted, decode, random_chunks, u64
+from support.streams import END, canon, command_bytes, crafted, decode, random_chunks, u64
 
 from sendstream import Command, Decoder, Encoder, EndOfInput, NeedData, StreamHeader, encode_stream_header
 from sendstream import errors as e

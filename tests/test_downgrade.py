@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FIXTURES, btrfs_loop, crafted, need_root_btrfs
+from support.btrfs import need_root_btrfs
+from support.loopfs import btrfs_loop
+from support.streams import FIXTURES, crafted
 
 from sendstream import Command, Encoder, StreamHeader, encode_command
 from sendstream.errors import DowngradeError, LimitExceeded

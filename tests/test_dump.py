@@ -11,17 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import (
-    BTRFS_READABLE,
-    STREAMS,
-    command_bytes,
-    crafted,
-    first_stream_as_6_2,
-    need_btrfs_progs,
-    stream_ids,
-    u64,
-    utc,
-)
+from support.btrfs import first_stream_as_6_2, need_btrfs_progs, utc
+from support.streams import BTRFS_READABLE, STREAMS, command_bytes, crafted, stream_ids, u64
 
 from sendstream import Command, encode_stream_header
 from sendstream.io.windows import iter_events

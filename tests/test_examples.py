@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, ROOT
+from support.streams import FIXTURES, ROOT
 
 from sendstream.extract import extract
 from sendstream.render.dump import escape

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import io
 import os
 import shutil
@@ -36,7 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FIXTURES, STREAMS, btrfs_loop, need_root_btrfs, stream_ids
+from support.btrfs import need_root_btrfs
+from support.loopfs import btrfs_loop
+from support.streams import FIXTURES, ROOT, STREAMS, stream_ids
+from support.trees import BLOCK, ctimes, data_map, differences, tree_state, without_link_atimes
 
 from sendstream import Command, encode_command, encode_stream_header
 from sendstream.analysis.paths import PathTracker, is_temporary_name
@@ -47,7 +49,6 @@ from sendstream.errors import ApplyError, BadCommand, CloneSourceMissing, Extrac
 from sendstream.extract import Extractor, extract, split_path
 from sendstream.io.windows import file_events, iter_events
 
-BLOCK = 4096
 # Incrementals and the full stream of their parent (fixtures/MANIFEST.md).
 PARENTS = {
     "rich-incr-v1": "rich-full-v1",
@@ -61,130 +62,6 @@ SEVERAL = {"two-concat-v1", "two-concat-v2", "two-e-v1", "two-e-v2"}
 # 6.2 cannot read v3.
 OWN_TESTS = {"clone-src-v1", "clone-src-v2", "verity-v3"}
 COMPARED = [p for p in STREAMS if p.stem not in OWN_TESTS]
-
-
-# --- the state of a tree -----------------------------------------------------
-
-
-def data_map(fd: int, size: int) -> list[tuple[int, int]]:
-    """The data ranges of a file in whole blocks (holes are what is left out)."""
-    ranges: list[tuple[int, int]] = []
-    pos = 0
-    end = -(-size // BLOCK) * BLOCK
-    while pos < size:
-        try:
-            start = os.lseek(fd, pos, os.SEEK_DATA)
-        except OSError as exc:
-            assert exc.errno == errno.ENXIO
-            break
-        stop = os.lseek(fd, start, os.SEEK_HOLE)
-        start, stop = start // BLOCK * BLOCK, min(-(-stop // BLOCK) * BLOCK, end)
-        if ranges and ranges[-1][1] >= start:
-            ranges[-1] = (ranges[-1][0], max(stop, ranges[-1][1]))
-        else:
-            ranges.append((start, stop))
-        pos = stop
-    return ranges
-
-
-def tree_state(root: Path) -> tuple[dict[bytes, dict[str, Any]], list[list[bytes]]]:
-    """Every entry below ``root`` (itself as ``b""``) and the hard-link groups.
-
-    Each entry is stat'ed before it is read, files and directories are read
-    with O_NOATIME, and a symlink's atime, which readlink moves, is put back,
-    so reading does not change the atimes compared.
-    """
-    entries: dict[bytes, dict[str, Any]] = {}
-    inodes: dict[tuple[int, int], list[bytes]] = {}
-
-    def visit(rel: bytes) -> None:
-        full = os.path.join(os.fsencode(root), rel) if rel else os.fsencode(root)
-        st = os.lstat(full)
-        entry: dict[str, Any] = {
-            "mode": oct(st.st_mode),
-            "owner": (st.st_uid, st.st_gid),
-            "atime": st.st_atime_ns,
-            "mtime": st.st_mtime_ns,
-        }
-        if not stat.S_ISDIR(st.st_mode):
-            entry["nlink"] = st.st_nlink
-            entry["size"] = st.st_size
-            inodes.setdefault((st.st_dev, st.st_ino), []).append(rel)
-        if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
-            entry["rdev"] = (os.major(st.st_rdev), os.minor(st.st_rdev))
-        names = os.listxattr(full, follow_symlinks=False)
-        entry["xattrs"] = {
-            n: os.getxattr(full, n, follow_symlinks=False) for n in sorted(names) if not n.startswith("btrfs.")
-        }
-        if stat.S_ISLNK(st.st_mode):
-            entry["target"] = os.readlink(full)
-            if os.lstat(full).st_atime_ns != st.st_atime_ns:  # readlink moved it: put it back
-                with contextlib.suppress(OSError):  # (a read-only subvolume keeps it)
-                    os.utime(full, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
-        elif stat.S_ISREG(st.st_mode):
-            fd = os.open(full, os.O_RDONLY | os.O_NOATIME)
-            try:
-                digest = hashlib.sha256()
-                while chunk := os.read(fd, 1 << 20):
-                    digest.update(chunk)
-                entry["sha256"] = digest.hexdigest()
-                entry["data"] = data_map(fd, st.st_size)
-            finally:
-                os.close(fd)
-        entries[rel] = entry
-        if stat.S_ISDIR(st.st_mode):
-            fd = os.open(full, os.O_RDONLY | os.O_DIRECTORY | os.O_NOATIME)
-            try:
-                children = sorted(os.listdir(fd))
-            finally:
-                os.close(fd)
-            for name in children:
-                visit(os.path.join(rel, os.fsencode(name)) if rel else os.fsencode(name))
-
-    visit(b"")
-    links = sorted(sorted(names) for names in inodes.values() if len(names) > 1)
-    return entries, links
-
-
-def ctimes(root: Path) -> dict[bytes, int]:
-    """The ctime of every entry below ``root``, moving no atime (lstat, directories
-    listed with O_NOATIME, no symlink followed)."""
-    out: dict[bytes, int] = {}
-    pending = [b""]
-    while pending:
-        rel = pending.pop()
-        full = os.path.join(os.fsencode(root), rel)
-        st = os.lstat(full)
-        out[rel] = st.st_ctime_ns
-        if stat.S_ISDIR(st.st_mode):
-            fd = os.open(full, os.O_RDONLY | os.O_DIRECTORY | os.O_NOATIME)
-            try:
-                pending.extend(os.path.join(rel, os.fsencode(name)) for name in os.listdir(fd))
-            finally:
-                os.close(fd)
-    return out
-
-
-def without_link_atimes(state: tuple[dict[bytes, dict[str, Any]], list[list[bytes]]]) -> Any:
-    """A :func:`tree_state` without the atimes of symlinks, which reading them moves."""
-    entries, links = state
-    return {k: {a: v for a, v in e.items() if not ("target" in e and a == "atime")} for k, e in entries.items()}, links
-
-
-def differences(theirs: Path, ours: Path) -> list[str]:
-    """What differs between two trees, one line per attribute (empty when equal)."""
-    (a, links_a), (b, links_b) = tree_state(theirs), tree_state(ours)
-    out = []
-    for rel in sorted(a.keys() | b.keys()):
-        if rel not in b or rel not in a:
-            out.append(f"{rel!r}: only in {'btrfs receive' if rel in a else 'ours'}")
-            continue
-        for key in sorted(a[rel].keys() | b[rel].keys()):
-            if a[rel].get(key) != b[rel].get(key):
-                out.append(f"{rel!r} {key}: btrfs receive {a[rel].get(key)!r}, ours {b[rel].get(key)!r}")
-    if links_a != links_b:
-        out.append(f"hard links: btrfs receive {links_a!r}, ours {links_b!r}")
-    return out
 
 
 # --- the real btrfs ----------------------------------------------------------
@@ -299,11 +176,9 @@ def clone_world(fs: Path) -> Path:
     """lib, lib_snap, work, work_1, work_2 as tools/make_fixtures.py builds them
     (seeded content, fixed times): work_1 is the parent of the clone-src
     fixtures and lib_snap their clone source, with other UUIDs."""
-    from make_fixtures import build_clone
-
     world = fs / "clone-world"
     world.mkdir()
-    build_clone(world)
+    sh(sys.executable, ROOT / "tools" / "make_fixtures.py", "--clone-tree", world)
     return world
 
 
@@ -376,23 +251,27 @@ def test_clone_sources_against_btrfs_receive(fs: Path, clone_world: Path, tmp_pa
 
 
 def test_verity_v3_stream(tmp_path: Path) -> None:
-    from make_fixtures import SECTOR, V3_ATIME, V3_MTIME, v3_commands
-
     with (FIXTURES / "verity-v3.stream").open("rb") as f:
         report = extract(f, tmp_path)
-    commands = {c.name: c for c in v3_commands()}
+    commands: dict[str, Command] = {}
+    with (FIXTURES / "verity-v3.stream").open("rb") as f:
+        for event in iter_events(f):
+            if isinstance(event, Command):
+                commands.setdefault(event.name, event)  # the first of each: the file's UTIMES, not the root's
+    sector = commands["fallocate"].get("size")  # the punched hole: one sector
+    atime, mtime = commands["utimes"].get("atime"), commands["utimes"].get("mtime")
     encoded = commands["encoded_write"]
-    expect = bytes(commands["write"].get("data")) + bytes(SECTOR)
+    expect = bytes(commands["write"].get("data")) + bytes(sector)
     expect += decompress(1, encoded.get("data"), encoded.get("unencoded_len"))
     target = tmp_path / "file"
     st = target.lstat()  # before reading it changes the atime
     assert target.read_bytes() == expect
     with target.open("rb") as f:
-        assert data_map(f.fileno(), len(expect)) == [(0, SECTOR), (2 * SECTOR, 4 * SECTOR)]
+        assert data_map(f.fileno(), len(expect)) == [(0, sector), (2 * sector, 4 * sector)]
     assert (stat.S_IMODE(st.st_mode), st.st_atime_ns, st.st_mtime_ns) == (
         0o644,
-        V3_ATIME.sec * 10**9 + V3_ATIME.nsec,
-        V3_MTIME.sec * 10**9 + V3_MTIME.nsec,
+        atime.sec * 10**9 + atime.nsec,
+        mtime.sec * 10**9 + mtime.nsec,
     )
     # fileattr is ignored as by btrfs receive; ext4/tmpfs without verity refuse ENABLE_VERITY
     # (and the fixture's signature is a placeholder); a user who is not root cannot chown to root.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import construct as c
 import pytest
-from conftest import END, FIXTURES, decode
+from support.streams import END, FIXTURES, decode
 
 from sendstream import Command, Timespec, crc32c, encode_command, reference_crc32c
 from sendstream.format import declarations as f

@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, command_bytes, crafted, u64
+from support.streams import FIXTURES, command_bytes, crafted, u64
 
 from sendstream import Decoder
 from sendstream import errors as e

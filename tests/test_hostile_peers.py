@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, key_file
-from test_resume import Proxy
-from test_transport import CMD, SAMPLE, free_port, tls_args, wait_listening
+from support.net import CMD, free_port, key_file, tls_args, wait_listening
+from support.proxy import Proxy
+from support.streams import FIXTURES, SAMPLE
 
 from sendstream.errors import TlsError
 from sendstream.net import tls

@@ -1,17 +1,22 @@
-"""The house's floors: imports only go down, modules and classes stay small, the CLI stays thin.
+"""The house's floors: imports only go down, modules and classes stay small, the CLI stays thin;
+the tests import the package and tests/support/, never another test module or tools/.
 
-Read from the package's own source (its imports, as the parser sees them),
-so the rules hold for what is there, not for what a list says.
+Read from the source (its imports, as the parser sees them), so the rules
+hold for what is there, not for what a list says.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "sendstream"
+TESTS = Path(__file__).resolve().parent
+# The modules of tools/ (programs, run, never imported by a test) that no other place provides.
+TOOLS = {p.stem for p in (PACKAGE.parent / "tools").glob("*.py")} - set(sys.stdlib_module_names)
 
 # Bottom to top. A module may import its own floor and the floors below it, never a floor above.
 FLOORS = [
@@ -129,3 +134,21 @@ def test_the_session_protocol_does_no_io() -> None:
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not imported & {"socket", "threading", "select", "time", "selectors", "asyncio", "ssl"}
+
+
+def test_tests_import_no_test_module_and_no_tool() -> None:
+    """What tests share lives in tests/support/; conftest.py holds only fixtures and hooks."""
+    found = []
+    for path in sorted(TESTS.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top.startswith("test_") or top == "conftest" or top in TOOLS:
+                    found.append(f"{path.relative_to(TESTS)}:{node.lineno} imports {name}")
+    assert not found, "\n".join(found)

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import btrfs_loop, first_stream_as_6_2, need_root_btrfs, utc
+from support.btrfs import first_stream_as_6_2, need_root_btrfs, utc
+from support.loopfs import btrfs_loop
 
 from sendstream import verify_file
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import END
+from support.streams import END
 
 from sendstream import Command, encode_command, encode_stream_header
 from sendstream.analysis.paths import MAX_NAMES, NAME_UNIT

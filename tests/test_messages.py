@@ -11,9 +11,9 @@ import json
 from typing import Any
 
 import pytest
-from conftest import FIXTURES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.streams import FIXTURES
 
 from sendstream.errors import ResumeError, SessionError
 from sendstream.net.session.messages import parse_ack, parse_answer, parse_hello, parse_status

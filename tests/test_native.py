@@ -11,10 +11,10 @@ from array import array
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, boundaries, crafted
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_properties import commands
+from support.strategies import commands
+from support.streams import FIXTURES, boundaries, crafted
 
 from sendstream import Command, FormatError, crc32c, encode_command, reference_crc32c, verify_file
 from sendstream.codec.decoder import default_max_command_size

@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, STREAMS, crafted, stream_ids
+from support.streams import FIXTURES, STREAMS, crafted, stream_ids
 
 from sendstream import Command, encode_command
 from sendstream.analysis.changes import changes

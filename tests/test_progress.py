@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import FIXTURES
+from support.streams import FIXTURES
 
 STREAM = FIXTURES / "rich-full-v2.stream"
 CMD = [sys.executable, "-m", "sendstream"]

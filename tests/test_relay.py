@@ -2,7 +2,7 @@
 
 Each leg has its own TLS mode and key; the relay checks and heals every
 command, reports the receiver's result back to the sender, and resumes on
-both legs through the fault-injecting proxy of ``test_resume``.
+both legs through the fault-injecting proxy of ``support.proxy``.
 """
 
 from __future__ import annotations
@@ -18,16 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bench_transport import listening
-from conftest import boundaries, key_file
-from test_resume import RECEIVER, SEED, SENDER, Proxy, plan
-from test_transport import CMD, SAMPLE, free_port, raw_sender, sender, tls_args
+from support.net import CMD, free_port, key_file, listening, raw_sender, sender, tls_args
+from support.proxy import RECEIVER, SEED, SENDER, Proxy, plan
+from support.streams import SAMPLE, boundaries
 
 from sendstream.net.tls import why_unavailable
 
 DATA = SAMPLE.read_bytes()
 # A sender that got the status and lost the connection before confirming it never comes back:
-# do not wait the default minute for it (as test_resume's RECEIVER).
+# do not wait the default minute for it (as support.proxy's RECEIVER).
 LINGER = ["--reconnect-timeout", "4"]
 
 
@@ -51,7 +50,7 @@ def wait_listening(port: int, proc: subprocess.Popen[bytes]) -> None:
 
 class Relay:
     """A receiver (``receive ARGS``) and ``relay ARGS`` into it, as processes; with ``faults``
-    through a :class:`~test_resume.Proxy` that suffers them."""
+    through a :class:`~support.proxy.Proxy` that suffers them."""
 
     def __init__(
         self,

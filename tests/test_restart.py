@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, boundaries, decode, random_chunks
+from support.streams import FIXTURES, boundaries, decode, random_chunks
 
 from sendstream import Decoder, Framer, NeedData, verify_file
 from sendstream import errors as e

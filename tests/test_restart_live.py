@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import btrfs_loop, need_root_btrfs
+from support.btrfs import need_root_btrfs
+from support.loopfs import btrfs_loop
 
 pytestmark = pytest.mark.btrfs
 

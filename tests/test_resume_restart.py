@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FIXTURES, boundaries, btrfs_loop, decode, need_root_btrfs
-from test_extract import differences
-from test_resume import DATA, SAMPLE, SHA, Proxy
-from test_transport import CMD, free_port
+from support.btrfs import need_root_btrfs
+from support.loopfs import btrfs_loop
+from support.net import CMD, free_port
+from support.proxy import Proxy
+from support.streams import FIXTURES, SAMPLE, boundaries, decode
+from support.trees import differences
 
 from sendstream import Command, Decoder, Encoder, EndOfInput, StreamHeader
 from sendstream.errors import PrefixDiffers, ResumeError, TruncatedStream
@@ -36,6 +38,8 @@ from sendstream.ops.ledger import Checkpoint, Ledger
 from sendstream.ops.repair import Healer
 from sendstream.ops.tokens import make_token, read_token
 
+DATA = SAMPLE.read_bytes()
+SHA = hashlib.sha256(DATA).hexdigest()
 RATE = 80_000
 RETRY = ["-v", "--retries", "12", "--retry-delay", "0.1", "--timeout", "3"]
 

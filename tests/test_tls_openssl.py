@@ -14,7 +14,9 @@ from pathlib import Path
 
 import cffi  # type: ignore[import-untyped]
 import pytest
-from test_tls import (
+from support.net import CMD, free_port, sender, transfer
+from support.streams import SAMPLE
+from support.tls import (
     DOWN,
     IDENTITY,
     KEY,
@@ -22,7 +24,6 @@ from test_tls import (
     UP,
     connect,
     exchange,
-    free_port,
     in_thread,
     kernel_tls,
     openssl_s_client_to_our_server,
@@ -33,7 +34,6 @@ from test_tls import (
     sha,
     tcp_pair,
 )
-from test_transport import CMD, SAMPLE, sender, transfer
 
 from sendstream.errors import HandshakeError, TlsError
 from sendstream.net import tls

@@ -52,6 +52,9 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
+from support.net import listening
+
 TOOLS_DIR = pathlib.Path(__file__).resolve().parent
 REPO = TOOLS_DIR.parent
 BENCH_DIR = pathlib.Path("/var/tmp/sendstream-bench")
@@ -150,17 +153,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def listening(port: int) -> bool:
-    """Whether something listens on TCP *port* (IPv4, from ``/proc/net/tcp``)."""
-    with open("/proc/net/tcp", encoding="ascii") as f:
-        next(f)
-        for line in f:
-            fields = line.split()
-            if fields[3] == "0A" and int(fields[1].rpartition(":")[2], 16) == port:
-                return True
-    return False
 
 
 def wait_listening(port: int, procs: Sequence[subprocess.Popen[bytes]], what: str) -> None:

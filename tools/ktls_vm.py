@@ -24,6 +24,7 @@ first on PATH, so the editable ``sendstream`` install imports as on the host.
 Usage::
 
     python3 tools/ktls_vm.py ensure         # install qemu, kernel, virtme-ng
+    python3 tools/ktls_vm.py missing        # what ensure would install, one a line (nothing: ready)
     python3 tools/ktls_vm.py check          # boot, prove kTLS works, timings
     python3 tools/ktls_vm.py run -- CMD...  # run CMD in the VM (cwd = .)
 
@@ -451,6 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("ensure", help="install qemu, the Debian kernel, virtme-ng")
+    sub.add_parser("missing", help="print what ensure would install, one a line (nothing when ready)")
     p_check = sub.add_parser("check", help="boot the VM and verify kTLS")
     p_check.add_argument("--timeout", type=float, default=600)
     p_run = sub.add_parser("run", help="run a command in the VM")
@@ -469,6 +471,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd == "ensure":
             ver, image = ensure()
             print(f"ready: {image} ({ver}), vng at {find_vng()}")
+            return 0
+        if args.cmd == "missing":
+            print(*missing(), sep="\n")
             return 0
         if args.cmd == "check":
             ensure()

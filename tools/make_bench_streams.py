@@ -28,8 +28,9 @@ from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from loopfs import btrfs_loop, require_btrfs
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
 from make_fixtures import summarize_path
+from support.loopfs import btrfs_loop, require_btrfs
 
 from sendstream import Command, Decoder, StreamHeader, encode_command
 from sendstream.codec.crc import IMPLEMENTATION as CRC_IMPLEMENTATION

@@ -1,7 +1,8 @@
 """Throw-away btrfs filesystems on file-backed loop devices.
 
-Used by the fixture and benchmark generators (and usable from tests) to get a
-real, freshly made btrfs to run ``btrfs send`` on.  Standard library only.
+Used by the tests and by the fixture and benchmark generators of tools/
+(which import it from here) to get a real, freshly made btrfs to run
+``btrfs send`` on.  Standard library only.
 
     with btrfs_loop("512M", mount_opts="noatime") as mnt:
         ...  # mnt is a pathlib.Path to the mounted filesystem
