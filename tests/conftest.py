@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from sendstream import Command, Decoder, EndOfInput, NeedData, StreamHeader, encode_command, encode_stream_header
-from sendstream.codec.decoder import Restart
+from sendstream.codec.events import Restart
 from sendstream.io.windows import iter_events
 from sendstream.render.dump import TextDumper
 
