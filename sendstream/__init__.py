@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .codec.crc import crc32c, reference_crc32c
-    from .codec.decoder import NEED_DATA, Decoder, EndOfInput, Framer, NeedData, Restart, StreamHeader
+    from .codec.decoder import Decoder
     from .codec.encoder import Encoder, encode_command, encode_stream_header
+    from .codec.events import NEED_DATA, EndOfInput, NeedData, Restart, StreamHeader
+    from .codec.framer import Framer
     from .errors import FormatError, SendStreamError, UsageError
     from .format.command import Command
     from .format.specs import Timespec
@@ -24,18 +26,18 @@ __version__ = "0.1.0"
 # Where each public name lives: loaded on first use, so that `import
 # sendstream.cli` (every command's start-up) pays only for what it runs.
 _HOME = {
-    "NEED_DATA": "codec.decoder",
+    "NEED_DATA": "codec.events",
     "Command": "format.command",
     "Decoder": "codec.decoder",
     "Encoder": "codec.encoder",
-    "EndOfInput": "codec.decoder",
+    "EndOfInput": "codec.events",
     "FormatError": "errors",
-    "Framer": "codec.decoder",
-    "NeedData": "codec.decoder",
+    "Framer": "codec.framer",
+    "NeedData": "codec.events",
     "Report": "ops.verify",
-    "Restart": "codec.decoder",
+    "Restart": "codec.events",
     "SendStreamError": "errors",
-    "StreamHeader": "codec.decoder",
+    "StreamHeader": "codec.events",
     "Timespec": "format.specs",
     "UsageError": "errors",
     "crc32c": "codec.crc",

@@ -17,7 +17,9 @@ import click
 from . import __version__
 from . import errors as e
 from .codec.crc import IMPLEMENTATION
-from .codec.decoder import MAX_COMMAND_SIZE, Framer, Restart
+from .codec.events import Restart
+from .codec.framer import Framer
+from .codec.limits import MAX_COMMAND_SIZE
 from .codec.native import PATH
 from .format.command import Command
 from .format.layout import MAX_VERSION

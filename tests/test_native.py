@@ -17,7 +17,7 @@ from support.strategies import commands
 from support.streams import FIXTURES, boundaries, crafted
 
 from sendstream import Command, FormatError, crc32c, encode_command, reference_crc32c, verify_file
-from sendstream.codec.decoder import default_max_command_size
+from sendstream.codec.limits import default_max_command_size
 from sendstream.codec.native import NATIVE
 from sendstream.codec.scan import python_scan
 from sendstream.io.windows import file_events

@@ -121,8 +121,10 @@ with instrumented:
     from sendstream.analysis.resolve import resolve
     from sendstream.analysis.statistics import Statistics
     from sendstream.codec.crc import crc32c
-    from sendstream.codec.decoder import NEED_DATA, Decoder, EndOfInput, Framer, Restart, StreamHeader
+    from sendstream.codec.decoder import Decoder
     from sendstream.codec.encoder import Encoder, encode_command, encode_stream_header
+    from sendstream.codec.events import NEED_DATA, EndOfInput, Restart, StreamHeader
+    from sendstream.codec.framer import Framer
     from sendstream.codec.native import NATIVE
     from sendstream.extract.extractor import Extractor
     from sendstream.format.command import Command

@@ -50,7 +50,7 @@ from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple
 
 from .. import errors as e
-from ..codec.decoder import EndOfInput, Restart
+from ..codec.events import EndOfInput, Restart
 from ..format.command import Command
 from .paths import MAX_HELD, MAX_NAMES, Inode, PathTracker, limit_error
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .. import errors as e
-from ..codec.decoder import Restart
+from ..codec.events import Restart
 from ..format.command import Command
 from ..format.layout import (
     command_name,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..codec.decoder import StreamHeader
+from ..codec.events import StreamHeader
 from ..format.command import Command
 from ..format.layout import (
     A_DATA,

@@ -19,7 +19,7 @@ from ..format.layout import (
     TLV_TYPE,
 )
 from .crc import crc32c
-from .decoder import EndOfInput, Event, Restart, StreamHeader
+from .events import EndOfInput, Event, Restart, StreamHeader
 
 _TLV_MAX = 0xFFFF
 

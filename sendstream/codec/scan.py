@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import FormatError
-from .decoder import Framer
+from .framer import Framer
 from .native import END, NEED, STOP
 
 # batch(window, pos, version, limit, origin, unknown) -> (pos, status, need, count, nbytes);

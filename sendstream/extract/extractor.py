@@ -11,7 +11,7 @@ from typing import Any, BinaryIO, TypeVar
 from uuid import UUID
 
 from ..codec.compression import MAX_UNENCODED
-from ..codec.decoder import EndOfInput, Restart
+from ..codec.events import EndOfInput, Restart
 from ..errors import ApplyError, BadCommand, ExtractError, LimitExceeded
 from ..format.command import Command
 from ..io.windows import file_events

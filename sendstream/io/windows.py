@@ -22,8 +22,11 @@ from typing import BinaryIO, NamedTuple
 
 from .. import errors as e
 from ..codec import native
-from ..codec.decoder import HISTORY, Decoder, EndOfInput, Event, Framer, NeedData
+from ..codec.decoder import Decoder
+from ..codec.events import EndOfInput, Event, NeedData
+from ..codec.framer import Framer
 from ..codec.native import END, FULL, NEED
+from ..codec.restart import HISTORY
 from ..codec.scan import Batch, run_batch
 
 CHUNK_SIZE = 1 << 20

@@ -6,7 +6,7 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..codec.decoder import Framer
+from ..codec.framer import Framer
 from ..io.windows import file_events
 from ..ops.repair import Healer
 from .journal import Chain, after

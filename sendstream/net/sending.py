@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from .. import errors as e
-from ..codec.decoder import Framer
+from ..codec.framer import Framer
 from ..io.windows import file_events, is_regular
 from ..ops.repair import Healer
 from .progress import Progress, Summary

@@ -46,7 +46,7 @@ from typing import Any
 
 from ..analysis.paths import MAX_NAMES, Inode, PathTracker, limit_error
 from ..codec.compression import MAX_UNENCODED, decompress
-from ..codec.decoder import StreamHeader
+from ..codec.events import StreamHeader
 from ..errors import DowngradeError, shown
 from ..format.command import Command
 

@@ -17,7 +17,8 @@ import re
 from typing import Any
 
 from .. import errors as e
-from ..codec.decoder import NEED_DATA, Decoder, StreamHeader
+from ..codec.decoder import Decoder
+from ..codec.events import NEED_DATA, StreamHeader
 from ..errors import SessionError
 from ..format.command import Command
 

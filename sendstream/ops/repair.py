@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import errors as e
-from ..codec.decoder import EndOfInput, Event, Restart, StreamHeader
 from ..codec.encoder import encode_command, encode_stream_header
+from ..codec.events import EndOfInput, Event, Restart, StreamHeader
 from ..codec.native import NATIVE, native_scan
 from ..codec.scan import Batch
 from ..format.command import Command

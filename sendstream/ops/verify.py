@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from .. import errors as e
-from ..codec.decoder import Framer
+from ..codec.framer import Framer
 from ..codec.native import NATIVE, native_scan
 from ..format.layout import STREAM_HEADER_SIZE, STREAM_MAGIC
 from ..io.windows import file_events, windows_for

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sendstream import Command, Decoder, EndOfInput, NeedData, StreamHeader, encode_command, encode_stream_header
-from sendstream.codec.decoder import Restart
+from sendstream.codec.events import Restart
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 FIXTURES = ROOT / "fixtures"
