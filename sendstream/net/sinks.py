@@ -97,7 +97,7 @@ class JournalSink(Sink):
         self.journal.write(data)
 
     def flush(self) -> None:
-        """Nothing to do: the journal flushes at each checkpoint."""
+        """Nothing to do: the receiver's checkpoint (:meth:`~sendstream.net.journal.Journal.commit`) flushes."""
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         journal = self.journal
