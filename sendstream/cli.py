@@ -6,7 +6,6 @@ table of exit codes.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -29,10 +28,11 @@ from .net import tls
 from .ops.verify import Report, find_headers, verify_file
 
 if TYPE_CHECKING:
-    from .net.progress import Progress, Summary
+    from .net.address import Listening
+    from .net.progress import Progress
     from .net.session.drivers import SessionReceiver
+    from .net.sinks import Sink
     from .net.tls import Channel
-    from .ops.ledger import Checkpoint
 
 # Modules that only some commands need (network, extraction, paths, dump,
 # repair, the writer, subprocess) load when those commands run: imported
@@ -456,69 +456,33 @@ def _verify_from_socket(
     max_command_size: int | None,
     verbose: bool,
 ) -> Report:
-    key = _psk(mode, key_file, identity)
-    accepted = _accepted(address, mode, key, identity, _logger(verbose), timeout=timeout, idle_timeout=idle_timeout)
-    with accepted as session:
-        report = verify_file(session, keep_going=keep_going, max_command_size=max_command_size)  # type: ignore[arg-type]
-        first = report.problems[0] if report.problems else None
-        session.answer(report.exit_code, str(first) if first else "ok")
-    return report
+    from .net.receiving import verify_from_socket
+
+    listening = _listening(address, mode, _psk(mode, key_file, identity), identity, timeout, idle_timeout)
+    return verify_from_socket(
+        listening, warn=_warner(), log=_logger(verbose), keep_going=keep_going, max_command_size=max_command_size
+    )
 
 
-@contextlib.contextmanager
-def _accepted(
+def _listening(
     address: str,
     mode: str,
     key: bytes | None,
     identity: str,
-    log: Callable[[str], object],
-    *,
     timeout: float,
     idle_timeout: float,
     reconnect_timeout: float | None = None,
-    resume: Checkpoint | None = None,
-    leg: str = "",
-) -> Iterator[SessionReceiver]:
-    """Listen, and take the first sender that shakes hands and says hello (:func:`~sendstream.transport.accept_sender`).
+) -> Listening:
+    """How --listen takes its sender (an --idle-timeout of 0 waits for ever)."""
+    from .net.address import Address, Listening, TlsSettings
 
-    Every other connection is refused with a warning. With
-    ``reconnect_timeout`` the sender may reconnect after a drop; with
-    ``resume`` the session starts where that checkpoint of a stopped
-    receiver stands. Any error is answered to the sender before it is
-    raised. ``log`` hears which TLS path each direction took, and every
-    reconnect.
-    """
-    from .net.address import listen, parse_address
-    from .net.receiving import accept_sender
-    from .net.session.drivers import failure_status
-    from .net.tls import accept_channel
-
-    keys = (lambda name: key if name == identity else None) if key else None
-    host, port = parse_address(address, listen=True)
-
-    def handshake(sock: Any, seconds: float) -> Channel:
-        return accept_channel(sock, mode, keys, handshake_timeout=seconds)
-
-    with listen(host, port) as server:
-        session = accept_sender(
-            server,
-            handshake,
-            timeout=timeout,
-            idle_timeout=idle_timeout or None,
-            warn=_warner(leg),
-            log=log,
-            reconnect_timeout=reconnect_timeout,
-            resume=resume,
-        )
-        log(session.channel.describe())
-        try:
-            yield session
-        except Exception as exc:
-            with contextlib.suppress(Exception):
-                session.answer(*failure_status(exc))
-            raise
-        finally:
-            session.close()
+    return Listening(
+        Address.parse(address, listen=True),
+        TlsSettings(mode, key, identity),
+        timeout,
+        idle_timeout or None,
+        reconnect_timeout,
+    )
 
 
 @cli.command()
@@ -612,24 +576,11 @@ def _warner(prefix: str = "") -> Callable[[str], object]:
 def _connector(
     target: str, mode: str, key: bytes | None, identity: str, timeout: float, log: Callable[[str], object]
 ) -> Callable[[], Channel]:
-    """A new channel to ``target`` (TCP connect and handshake) on every call; the first is described to ``log``."""
-    from .net.address import connect, parse_address
-    from .net.tls import connect_channel
+    """A new channel to --to on every call; the first is described to ``log``."""
+    from .net.address import Address, Dialing, TlsSettings
+    from .net.sending import connector
 
-    host, port = parse_address(target)
-    shown = False
-
-    def connect_once() -> Channel:
-        nonlocal shown
-        sock = connect(host, port, timeout=timeout)
-        sock.settimeout(timeout)
-        channel = connect_channel(sock, mode, key, identity, handshake_timeout=timeout)
-        if not shown:
-            shown = True
-            log(channel.describe())
-        return channel
-
-    return connect_once
+    return connector(Dialing(Address.parse(target), TlsSettings(mode, key, identity), timeout), log)
 
 
 def _quiet_progress(label: str, quiet: bool) -> Progress:
@@ -684,7 +635,7 @@ def send(
     checked against the token up to the token's offset, and only the rest
     is sent.
     """
-    from .net.sending import send_resumable, send_stream
+    from .net import sending
 
     if no_status and (resumable or token):
         raise e.UsageError("--no-status is for a receiver that is not sendstream; a session needs sendstream")
@@ -696,16 +647,19 @@ def send(
         checkpoint = read_token(token, key)
 
     log = _logger(verbose)
-    connect_once = _connector(target, mode, key, identity, timeout, log)
+    connect = _connector(target, mode, key, identity, timeout, log)
     with open_input(stream) as source:
-        progress = _quiet_progress("sent", quiet)
-        if not resumable and checkpoint is None:
-            with connect_once() as channel:
-                summary = send_stream(source, channel, progress, expect_status=not no_status)
-        else:
-            summary = send_resumable(
-                source, connect_once, progress, retries=retries, retry_delay=retry_delay, log=log, resume=checkpoint
-            )
+        summary = sending.send(
+            source,
+            connect,
+            _quiet_progress("sent", quiet),
+            resumable=resumable,
+            resume=checkpoint,
+            expect_status=not no_status,
+            retries=retries,
+            retry_delay=retry_delay,
+            log=log,
+        )
     if not quiet:
         click.echo(f"sendstream: {summary.line('sent')}", err=True)
 
@@ -747,8 +701,11 @@ def receive(
     holds a resume token); if either side stops, `receive --resume` and
     `send --resume TOKEN` continue from the last checkpoint.
     """
+    import signal
+
+    from .net import receiving
     from .net.journal import load_state, refuse_unfinished
-    from .net.receiving import receive_resumable
+    from .net.sinks import ChildSink, FileSink, JournalSink
     from .ops.tokens import make_token
 
     if output and command:
@@ -770,85 +727,22 @@ def receive(
     elif journaled:
         assert output
         refuse_unfinished(output)
-    accepted = _accepted(
-        address,
-        mode,
-        key,
-        identity,
-        _logger(verbose),
-        reconnect_timeout=reconnect_timeout,
-        timeout=timeout,
-        idle_timeout=idle_timeout,
-        resume=checkpoint,
-    )
-    with accepted as session:
-        progress = _quiet_progress("received", quiet)
+
+    def sink(session: SessionReceiver) -> Sink:
         if command:
-            summary = _receive_into_child(session, command, progress)
-        elif journaled and not session.raw:
+            return ChildSink(command)
+        if journaled and not session.raw:  # a raw stream has no identity to keep a journal of
             assert output and key
-            summary = _receive_into_journal(session, output, key, checkpoint, progress)
-        else:
-            with atomic_output(output or "-") as out:
-                session.flush = out.flush
-                summary = receive_resumable(session, out.write, progress)
-        session.answer(0, "ok", linger=min(reconnect_timeout, 60.0))
+            # SIGTERM ends the transfer like an error: the token is printed, the journal kept
+            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+            return JournalSink(output, key, checkpoint, notify=_logger(verbose=True))
+        return FileSink(output or "-")
+
+    listening = _listening(address, mode, key, identity, timeout, idle_timeout, reconnect_timeout)
+    progress = _quiet_progress("received", quiet)
+    summary = receiving.receive(listening, sink, progress, warn=_warner(), log=_logger(verbose), resume=checkpoint)
     if not quiet:
         click.echo(f"sendstream: {summary.line('received')}", err=True)
-
-
-def _receive_into_journal(
-    session: SessionReceiver, output: str, key: bytes, checkpoint: Checkpoint | None, progress: Progress
-) -> Summary:
-    import signal
-
-    from .net.journal import Journal
-    from .net.receiving import receive_resumable
-
-    # SIGTERM ends the transfer like an error: the token is printed, the journal kept
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    journal = Journal(output, key, checkpoint)
-    try:
-        summary = receive_resumable(session, journal.write, progress, journal)
-        journal.finish()
-    except BaseException:
-        journal.close()
-        if journal.token is not None:
-            click.echo(
-                f"sendstream: {journal.part} holds the stream up to offset {journal.offset}; to continue, run\n"
-                f"  sendstream receive --resume -o {output} ... here, and on the sending side\n"
-                f"  sendstream send --resume {journal.token} ...",
-                err=True,
-            )
-        raise
-    session.verified = session.written
-    return summary
-
-
-def _receive_into_child(session: SessionReceiver, command: str, progress: Progress) -> Summary:
-    import shlex
-    import subprocess
-
-    from .net.receiving import receive_resumable
-
-    child = subprocess.Popen(shlex.split(command), stdin=subprocess.PIPE)
-    assert child.stdin is not None
-    session.flush = child.stdin.flush
-    stopped_reading = False
-    try:
-        summary = receive_resumable(session, child.stdin.write, progress)
-    except BrokenPipeError:
-        stopped_reading = True
-    finally:
-        # nothing unchecked was written: on an error the child sees its input end early
-        with contextlib.suppress(BrokenPipeError):
-            child.stdin.close()
-        code = child.wait()
-    if stopped_reading:
-        raise e.ChildFailed(f"{command!r} exited (status {code}) before it read the whole stream")
-    if code:
-        raise e.ChildFailed(f"{command!r} exited with status {code}")
-    return summary
 
 
 @cli.command()
@@ -892,34 +786,24 @@ def relay(
     success only once the receiver reported it, and the receiver's failure
     otherwise.
     """
-    from .net.relay import relay_stream
+    from .net import relay as relaying
 
     listen_key = _psk(listen_mode, listen_key_file, listen_identity, "listen")
     to_key = _psk(to_mode, to_key_file, to_identity, "to")
     log = _logger(verbose, "downstream: ")
     connect = _connector(target, to_mode, to_key, to_identity, timeout, log)
-    accepted = _accepted(
-        address,
-        listen_mode,
-        listen_key,
-        listen_identity,
-        _logger(verbose, "upstream: "),
-        reconnect_timeout=reconnect_timeout,
-        timeout=timeout,
-        idle_timeout=idle_timeout,
-        leg="upstream: ",
+    listening = _listening(address, listen_mode, listen_key, listen_identity, timeout, idle_timeout, reconnect_timeout)
+    summary = relaying.relay(
+        listening,
+        connect,
+        _quiet_progress("relayed", quiet),
+        warn=_warner("upstream: "),
+        upstream_log=_logger(verbose, "upstream: "),
+        resumable=resumable,
+        retries=retries,
+        retry_delay=retry_delay,
+        log=log,
     )
-    with accepted as session:
-        summary = relay_stream(
-            session,
-            connect,
-            _quiet_progress("relayed", quiet),
-            resumable=resumable,
-            retries=retries,
-            retry_delay=retry_delay,
-            log=log,
-        )
-        session.answer(0, "ok", linger=min(reconnect_timeout, 60.0))
     if not quiet:
         click.echo(f"sendstream: {summary.line('relayed')}", err=True)
 

@@ -1,10 +1,15 @@
-"""Addresses, listening and dialing: ``HOST:PORT``, ``[IPv6]:PORT``, ``*:PORT`` for every address."""
+"""Addresses and how a leg's connections are made: where to listen or dial, with which TLS, how long to wait.
+
+``HOST:PORT``, ``[IPv6]:PORT``, and for listening ``*:PORT`` for every address.
+"""
 
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass
 
 from .. import errors as e
+from .tls import Channel, accept_channel, connect_channel
 
 CONNECT_TIMEOUT = 30.0
 
@@ -12,20 +17,7 @@ CONNECT_TIMEOUT = 30.0
 BACKLOG = 16  # the accept loop takes connections at once: this only absorbs bursts
 
 
-def parse_address(text: str, *, listen: bool = False) -> tuple[str, int]:
-    """``HOST:PORT``, ``[IPv6]:PORT``; for listening ``*:PORT`` means every address."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise e.UsageError(f"expected HOST:PORT, got {text!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not host:
-        raise e.UsageError(f"no host in {text!r}: name one (or '*' to listen on every address)")
-    if host == "*":
-        if not listen:
-            raise e.UsageError("'*' only makes sense with --listen")
-        host = "::"
-    return host, int(port)
+MAX_LINGER = 60.0  # after success, the longest wait for a sender that missed the status to come back for it
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -52,3 +44,83 @@ def connect(host: str, port: int, timeout: float = CONNECT_TIMEOUT) -> socket.so
     sock.settimeout(None)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
+
+
+@dataclass(frozen=True)
+class Address:
+    """A TCP address; the host ``::`` (written ``*``) listens on every address."""
+
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str, *, listen: bool = False) -> Address:
+        """``HOST:PORT``, ``[IPv6]:PORT``; for listening ``*:PORT`` means every address."""
+        host, sep, port = text.rpartition(":")
+        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+            raise e.UsageError(f"expected HOST:PORT, got {text!r}")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        if not host:
+            raise e.UsageError(f"no host in {text!r}: name one (or '*' to listen on every address)")
+        if host == "*":
+            if not listen:
+                raise e.UsageError("'*' only makes sense with --listen")
+            host = "::"
+        return cls(host, int(port))
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    """A leg's TLS: the mode (``none``: plain TCP), the pre-shared key and the name it goes by."""
+
+    mode: str
+    key: bytes | None
+    identity: str
+
+    def accept(self, sock: socket.socket, seconds: float) -> Channel:
+        """The server end over accepted ``sock``, within ``seconds``: only ``identity`` has a key."""
+        key, identity = self.key, self.identity
+        keys = (lambda name: key if name == identity else None) if key else None
+        return accept_channel(sock, self.mode, keys, handshake_timeout=seconds)
+
+    def connect(self, sock: socket.socket, seconds: float) -> Channel:
+        """The client end over connected ``sock``, within ``seconds``."""
+        return connect_channel(sock, self.mode, self.key, self.identity, handshake_timeout=seconds)
+
+
+@dataclass(frozen=True)
+class Listening:
+    """How a receiver takes its sender: where, with which TLS, and how long each wait lasts.
+
+    ``timeout`` bounds a new connection's handshake and hello, together;
+    ``idle_timeout`` each later wait for the sender's next byte (None: for
+    ever); with ``reconnect_timeout`` the sender may come back within it
+    after a drop (None: one connection only).
+    """
+
+    address: Address
+    tls: TlsSettings
+    timeout: float
+    idle_timeout: float | None
+    reconnect_timeout: float | None = None
+
+    @property
+    def linger(self) -> float:
+        """After success, how long a sender that missed the status may take to come back for it."""
+        return min(self.reconnect_timeout or 0.0, MAX_LINGER)
+
+
+@dataclass(frozen=True)
+class Dialing:
+    """How a sender reaches its receiver: where, with which TLS, and how long a connection and handshake may take."""
+
+    address: Address
+    tls: TlsSettings
+    timeout: float = CONNECT_TIMEOUT
+
+    def open(self) -> Channel:
+        """A new channel: TCP connect and handshake."""
+        sock = connect(self.address.host, self.address.port, timeout=self.timeout)
+        sock.settimeout(self.timeout)
+        return self.tls.connect(sock, self.timeout)

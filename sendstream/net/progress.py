@@ -19,6 +19,10 @@ class Progress:
         self.started = time.monotonic()
         self._shown = 0.0
 
+    def start(self) -> None:
+        """Count the time from now: the transfer begins (a receiver's wait for its sender is not part of it)."""
+        self.started = time.monotonic()
+
     def add(self, n: int) -> None:
         self.bytes += n
         if self._enabled and (now := time.monotonic()) - self._shown >= 0.25:

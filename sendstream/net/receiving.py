@@ -1,14 +1,22 @@
-"""The receiving end: accept the sender that proves itself, check every command again, write only checked ones."""
+"""The receiving end: accept the sender that proves itself, check every command again, write only checked ones.
+
+:func:`accepted` takes the sender and answers it any error; :func:`receive`
+writes its stream to a sink (:mod:`sendstream.net.sinks`),
+:func:`verify_from_socket` only checks it.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..codec.framer import Framer
 from ..io.windows import file_events
 from ..ops.repair import Healer
+from ..ops.verify import Report, verify_file
+from .address import Listening, listen
 from .journal import Chain, after
 from .listener import MAX_PENDING
 from .progress import Progress, Summary
@@ -18,6 +26,7 @@ if TYPE_CHECKING:
     from ..ops.ledger import Checkpoint
     from .journal import Journal
     from .session.drivers import SessionReceiver
+    from .sinks import Sink
 
 
 def accept_sender(
@@ -108,3 +117,85 @@ def receive_resumable(
     return Summary(
         progress.bytes, progress.seconds, session.channel.describe(), healer.restart_count, "", session.reconnects
     )
+
+
+@contextlib.contextmanager
+def accepted(
+    listening: Listening,
+    *,
+    warn: Callable[[str], object],
+    log: Callable[[str], object] | None = None,
+    resume: Checkpoint | None = None,
+) -> Iterator[SessionReceiver]:
+    """Listen, and take the first sender that shakes hands and says hello (:func:`accept_sender`).
+
+    Every other connection is refused and named to ``warn``. With
+    ``resume`` the session starts where that checkpoint of a stopped
+    receiver stands. An error raised inside is answered to the sender before
+    it goes on; the session is closed at the end. ``log`` hears which TLS
+    path each direction took, and every reconnect.
+    """
+    from .session.drivers import failure_status
+
+    with listen(listening.address.host, listening.address.port) as server:
+        session = accept_sender(
+            server,
+            listening.tls.accept,
+            timeout=listening.timeout,
+            idle_timeout=listening.idle_timeout,
+            warn=warn,
+            log=log,
+            reconnect_timeout=listening.reconnect_timeout,
+            resume=resume,
+        )
+        if log is not None:
+            log(session.channel.describe())
+        try:
+            yield session
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                session.answer(*failure_status(exc))
+            raise
+        finally:
+            session.close()
+
+
+def receive(
+    listening: Listening,
+    sink: Callable[[SessionReceiver], Sink],
+    progress: Progress,
+    *,
+    warn: Callable[[str], object],
+    log: Callable[[str], object] | None = None,
+    resume: Checkpoint | None = None,
+) -> Summary:
+    """Take one sender (:func:`accepted`), check every command, write only checked ones to its sink.
+
+    ``sink(session)`` makes the sink once the sender is there (a raw stream
+    cannot keep a journal); it is completed before the sender hears success.
+    """
+    with accepted(listening, warn=warn, log=log, resume=resume) as session:
+        progress.start()
+        with sink(session) as out:
+            session.flush = out.flush
+            summary = receive_resumable(session, out.write, progress, out.journal)
+        if out.journal is not None:
+            session.verified = session.written  # the whole stream is durable now
+        session.answer(0, "ok", linger=listening.linger)
+    return summary
+
+
+def verify_from_socket(
+    listening: Listening,
+    *,
+    warn: Callable[[str], object],
+    log: Callable[[str], object] | None = None,
+    keep_going: bool = False,
+    max_command_size: int | None = None,
+) -> Report:
+    """Take one sender (:func:`accepted`) and check what it sends; it hears the first problem, or success."""
+    with accepted(listening, warn=warn, log=log) as session:
+        report = verify_file(session, keep_going=keep_going, max_command_size=max_command_size)  # type: ignore[arg-type]
+        first = report.problems[0] if report.problems else None
+        session.answer(report.exit_code, str(first) if first else "ok")
+    return report

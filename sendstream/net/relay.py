@@ -1,20 +1,22 @@
 """Relaying a stream from one network leg to another, checking and healing every command in between.
 
 The upstream leg is what ``sendstream receive`` accepts: a
-:class:`~sendstream.session.SessionReceiver` (a session that survives drops,
-or a raw stream). Every command is checked, and a restarted stream healed,
-on the batch path of ``receive`` (:func:`~sendstream.transport.receive_resumable`)
-before it is handed downstream: nothing unverified leaves. The downstream
-leg sends as ``sendstream send`` does: the plain stream through one channel
-(:class:`~sendstream.transport.PlainSender`), or a :class:`~sendstream.session.SessionSender` that
-reconnects. Each leg has its own channel, so its own TLS mode and key.
+:class:`~sendstream.net.session.drivers.SessionReceiver` (a session that
+survives drops, or a raw stream). Every command is checked, and a restarted
+stream healed, on the batch path of ``receive``
+(:func:`~sendstream.net.receiving.receive_resumable`) before it is handed
+downstream: nothing unverified leaves. The downstream leg sends as
+``sendstream send`` does: the plain stream through one channel
+(:class:`~sendstream.net.sending.PlainSender`), or a
+:class:`~sendstream.net.session.drivers.SessionSender` that reconnects. Each
+leg has its own channel, so its own TLS mode and key.
 
+:func:`relay` takes the sender and answers it with the downstream result:
 :func:`relay_stream` returns only once the downstream receiver reported
-success, so the caller answers upstream with the downstream result; a
-downstream failure raises :class:`DownstreamFailed` with the downstream
-receiver's message and exit code. A byte is acknowledged upstream once it is
-handed downstream (sent, or held in the session sender's window), so memory
-stays at the upstream input window plus that window (64 MiB).
+success; a downstream failure raises :class:`DownstreamFailed` with the
+downstream receiver's message and exit code. A byte is acknowledged upstream
+once it is handed downstream (sent, or held in the session sender's window),
+so memory stays at the upstream input window plus that window (64 MiB).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from typing import Any, Protocol
 
 from .. import errors as e
 from ..errors import DownstreamFailed
+from .address import Listening
 from .progress import Progress, Summary
-from .receiving import receive_resumable
+from .receiving import accepted, receive_resumable
 from .sending import PlainSender
 from .session.drivers import WINDOW_SIZE, SessionReceiver, SessionSender
 from .tls import Channel
@@ -101,4 +104,31 @@ def relay_stream(
     summary.path = f"upstream: {summary.path}; downstream: {downstream.describe}"
     summary.reconnects += downstream.reconnects
     summary.resent = downstream.resent
+    return summary
+
+
+def relay(
+    listening: Listening,
+    connect: Callable[[], Channel],
+    progress: Progress,
+    *,
+    warn: Callable[[str], object],
+    upstream_log: Callable[[str], object] | None = None,
+    resumable: bool = False,
+    retries: int = 5,
+    retry_delay: float = 1.0,
+    log: Callable[[str], object] | None = None,
+) -> Summary:
+    """Take one sender (:func:`~sendstream.net.receiving.accepted`) and relay its stream (:func:`relay_stream`).
+
+    The sender hears success once the downstream receiver reported it, and
+    the failure of either leg otherwise. ``warn`` and ``upstream_log`` hear
+    about the upstream leg, ``log`` about the downstream one.
+    """
+    with accepted(listening, warn=warn, log=upstream_log) as session:
+        progress.start()
+        summary = relay_stream(
+            session, connect, progress, resumable=resumable, retries=retries, retry_delay=retry_delay, log=log
+        )
+        session.answer(0, "ok", linger=listening.linger)
     return summary

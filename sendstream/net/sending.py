@@ -1,13 +1,12 @@
-"""Moving streams over the network: addresses, taking a sender, the send and receive loops.
+"""The sending end: dial the receiver, check and heal every command, send it, hear the receiver's status.
 
 The bytes on the wire are the stream itself, inside TLS (or raw TCP when
 asked). The sender checks and heals every command before it leaves (the
-same :class:`~sendstream.repair.Healer` as ``repair``); the receiver checks
-every command again before it writes it downstream, and answers with one
-status line before it closes, success or failure. A sender reports success
-only on that explicit success status (:class:`PlainSender` reads it while it
-sends). :func:`accept_sender` takes the first connection that shakes hands
-and says hello; the others are refused (:mod:`sendstream.listener`).
+same :class:`~sendstream.ops.repair.Healer` as ``repair``); the receiver
+checks every command again before it writes it downstream, and answers with
+one status line before it closes, success or failure. A sender reports
+success only on that explicit success status (:class:`PlainSender` reads it
+while it sends). :func:`connector` dials, :func:`send` sends a whole stream.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from .tls import Channel
 
 if TYPE_CHECKING:
     from ..ops.ledger import Checkpoint
+    from .address import Dialing
 
 
 MAX_STATUS = 4096
@@ -230,3 +230,40 @@ def send_resumable(
     if code:
         raise e.RemoteError(f"the receiver failed: {message}", code)
     return summary
+
+
+def connector(dialing: Dialing, log: Callable[[str], object] | None = None) -> Callable[[], Channel]:
+    """A new channel (:meth:`~sendstream.net.address.Dialing.open`) on every call; the first is described to ``log``."""
+    shown = False
+
+    def connect() -> Channel:
+        nonlocal shown
+        channel = dialing.open()
+        if not shown:
+            shown = True
+            if log is not None:
+                log(channel.describe())
+        return channel
+
+    return connect
+
+
+def send(
+    source: BinaryIO,
+    connect: Callable[[], Channel],
+    progress: Progress,
+    *,
+    resumable: bool = False,
+    resume: Checkpoint | None = None,
+    expect_status: bool = True,
+    retries: int = 5,
+    retry_delay: float = 1.0,
+    log: Callable[[str], object] | None = None,
+) -> Summary:
+    """Check, heal and send ``source``: the plain stream through one channel (:func:`send_stream`), or,
+    ``resumable`` or from a receiver's ``resume`` checkpoint, in a session that survives drops
+    (:func:`send_resumable`). Returns once the receiver reported success."""
+    if not resumable and resume is None:
+        with connect() as channel:
+            return send_stream(source, channel, progress, expect_status=expect_status)
+    return send_resumable(source, connect, progress, retries=retries, retry_delay=retry_delay, log=log, resume=resume)

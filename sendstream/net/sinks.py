@@ -1,0 +1,158 @@
+"""Where a receiver writes the checked stream: a file (or standard output), the journal, a child process.
+
+A sink is entered before the first byte and left after the last: on success
+it completes the output (the temporary file renamed into place, the part
+made the file, the child's exit checked); on an error it leaves no half
+output behind (a journal keeps its part and token for ``--resume``). A sink
+is given only what the receiver checked, and ``flush`` pushes it on before
+the receiver acknowledges it.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import shlex
+import subprocess
+from collections.abc import Callable
+from types import TracebackType
+from typing import BinaryIO, Self
+
+from .. import errors as e
+from ..io.outputs import atomic_output
+from ..ops.ledger import Checkpoint
+from .journal import Journal
+
+Data = bytes | bytearray | memoryview
+
+
+class Sink(abc.ABC):
+    """What every sink does: take checked bytes, push them on, end well or badly."""
+
+    journal: Journal | None = None  # the journal of a sink that keeps one: the receiver checkpoints it
+
+    @abc.abstractmethod
+    def write(self, data: Data) -> None:
+        """Take the next checked bytes."""
+
+    @abc.abstractmethod
+    def flush(self) -> None:
+        """Push on what was written (before it is acknowledged)."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    @abc.abstractmethod
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        """Complete the output, or (on an error) leave nothing half done."""
+
+
+class FileSink(Sink):
+    """``path`` written through a temporary file renamed into place on success; ``-`` is standard output
+    (:func:`~sendstream.io.outputs.atomic_output`)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._output: contextlib.AbstractContextManager[BinaryIO] | None = None
+        self._out: BinaryIO | None = None
+
+    def __enter__(self) -> Self:
+        self._output = atomic_output(self.path)
+        self._out = self._output.__enter__()
+        return self
+
+    def write(self, data: Data) -> None:
+        assert self._out is not None
+        self._out.write(data)
+
+    def flush(self) -> None:
+        assert self._out is not None
+        self._out.flush()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        assert self._output is not None
+        self._output.__exit__(kind, exc, tb)
+
+
+class JournalSink(Sink):
+    """``path`` as ``path.part`` with durable checkpoints and a resume token (:class:`~sendstream.net.journal.Journal`).
+
+    From ``checkpoint`` on, when a stopped transfer is resumed. On an error
+    the part and the token stay, and ``notify`` is told how to continue
+    (both commands, the token).
+    """
+
+    def __init__(self, path: str, key: bytes, checkpoint: Checkpoint | None, notify: Callable[[str], object]) -> None:
+        self.path = path
+        self._key = key
+        self._checkpoint = checkpoint
+        self._notify = notify
+
+    def __enter__(self) -> Self:
+        self.journal = Journal(self.path, self._key, self._checkpoint)
+        return self
+
+    def write(self, data: Data) -> None:
+        assert self.journal is not None
+        self.journal.write(data)
+
+    def flush(self) -> None:
+        """Nothing to do: the receiver's checkpoint (:meth:`~sendstream.net.journal.Journal.commit`) flushes."""
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        journal = self.journal
+        assert journal is not None
+        if kind is None:
+            try:
+                journal.finish()
+                return
+            except BaseException:
+                self._keep(journal)
+                raise
+        self._keep(journal)
+
+    def _keep(self, journal: Journal) -> None:
+        """Stop on an error: the part and the token stay; say how to go on."""
+        journal.close()
+        if journal.token is not None:
+            self._notify(
+                f"{journal.part} holds the stream up to offset {journal.offset}; to continue, run\n"
+                f"  sendstream receive --resume -o {self.path} ... here, and on the sending side\n"
+                f"  sendstream send --resume {journal.token} ..."
+            )
+
+
+class ChildSink(Sink):
+    """The standard input of ``command``, split as the shell would but run without one (e.g. ``btrfs receive DIR``).
+
+    Nothing unchecked is written: on an error the child sees its input end
+    early. A child that stops reading, or exits non-zero, is a
+    :class:`~sendstream.errors.ChildFailed` that names the command.
+    """
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+        self._child: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Self:
+        self._child = subprocess.Popen(shlex.split(self.command), stdin=subprocess.PIPE)
+        return self
+
+    def write(self, data: Data) -> None:
+        assert self._child is not None and self._child.stdin is not None
+        self._child.stdin.write(data)
+
+    def flush(self) -> None:
+        assert self._child is not None and self._child.stdin is not None
+        self._child.stdin.flush()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        child = self._child
+        assert child is not None and child.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            child.stdin.close()
+        code = child.wait()
+        if isinstance(exc, BrokenPipeError):
+            raise e.ChildFailed(f"{self.command!r} exited (status {code}) before it read the whole stream") from exc
+        if kind is None and code:
+            raise e.ChildFailed(f"{self.command!r} exited with status {code}")
