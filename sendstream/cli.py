@@ -28,7 +28,7 @@ from .ops.verify import Report, find_headers, verify_file
 
 if TYPE_CHECKING:
     from .net.progress import Progress, Summary
-    from .net.session.drivers import SessionReceiver
+    from .net.session.receiver import SessionReceiver
     from .net.tls import Channel
     from .ops.ledger import Checkpoint
 
@@ -488,7 +488,7 @@ def _accepted(
     """
     from .net.address import listen, parse_address
     from .net.receiving import accept_sender
-    from .net.session.drivers import failure_status
+    from .net.session.connection import failure_status
     from .net.tls import accept_channel
 
     keys = (lambda name: key if name == identity else None) if key else None

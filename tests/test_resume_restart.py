@@ -30,7 +30,7 @@ from test_transport import CMD, free_port
 from sendstream import Command, Decoder, Encoder, EndOfInput, StreamHeader
 from sendstream.errors import PrefixDiffers, ResumeError, TruncatedStream
 from sendstream.io.windows import file_events
-from sendstream.net.session.drivers import PREFIX_SIZE
+from sendstream.net.session.protocol import PREFIX_SIZE
 from sendstream.ops.identity import stream_identity
 from sendstream.ops.ledger import Checkpoint, Ledger
 from sendstream.ops.repair import Healer

@@ -17,7 +17,7 @@ from .tls import Channel
 if TYPE_CHECKING:
     from ..ops.ledger import Checkpoint
     from .journal import Journal
-    from .session.drivers import SessionReceiver
+    from .session.receiver import SessionReceiver
 
 
 def accept_sender(
@@ -45,7 +45,7 @@ def accept_sender(
     starts at the checkpoint's offset.
     """
     from .listener import Listener
-    from .session.drivers import Opening, SessionReceiver, admit, open_connection
+    from .session.receiver import Opening, SessionReceiver, admit, open_connection
 
     def open_one(sock: socket.socket, deadline: float) -> Opening:
         return open_connection(sock, handshake, deadline, timeout=timeout, idle_timeout=idle_timeout)

@@ -28,7 +28,8 @@ from ..errors import DownstreamFailed
 from .progress import Progress, Summary
 from .receiving import receive_resumable
 from .sending import PlainSender
-from .session.drivers import WINDOW_SIZE, SessionReceiver, SessionSender
+from .session.receiver import SessionReceiver
+from .session.sender import WINDOW_SIZE, SessionSender
 from .tls import Channel
 
 
