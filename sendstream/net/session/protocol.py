@@ -169,27 +169,15 @@ class _Input:
         return self.take(data, pos, len(self.kept) + end + 1)
 
 
-class ReceiverConnection:
-    """One connection, at the receiver: the sender's first words (hello or raw stream), its frames, its ``B``.
+class _Machine:
+    """What both ends share: ``receive_data`` feeds :meth:`_next` until the bytes are used up or the machine is done."""
 
-    ``offset`` is the stream offset of the next data byte (set by :meth:`answer`).
-    """
-
-    def __init__(self) -> None:
-        self.offset = 0
+    def __init__(self, state: str) -> None:
         self._input = _Input()
-        self._state = "first"  # first, hello, frames, raw, closing (after our status), done (after B)
-        self._kind = b""  # of the frame whose header is being read
-        self._payload = 0  # bytes of the current D frame still to come
-        self._reason: int | None = None  # the size of the X frame whose reason is being read
-        self._skip = 0  # bytes of an over-long reason still to drop
-
-    @property
-    def payload_left(self) -> int:
-        """How many of the next bytes are stream data whatever they hold (a driver may receive them in place)."""
-        return RAW_DATA if self._state == "raw" else self._payload if self._state == "frames" else 0
+        self._state = state
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[Event]:
+        """The events ``data`` completes; SessionError (now and on every later call) when it breaks the protocol."""
         if self._input.error is not None:
             raise self._input.error
         view = memoryview(data).cast("B")
@@ -202,6 +190,30 @@ class ReceiverConnection:
             self._input.error = exc
             raise
         return events
+
+    def _next(self, data: memoryview, pos: int, events: list[Event]) -> int:
+        """Parse what comes at ``pos``, add the events it completes; the position after it."""
+        raise NotImplementedError
+
+
+class ReceiverConnection(_Machine):
+    """One connection, at the receiver: the sender's first words (hello or raw stream), its frames, its ``B``.
+
+    ``offset`` is the stream offset of the next data byte (set by :meth:`answer`).
+    """
+
+    def __init__(self) -> None:
+        super().__init__("first")  # first, hello, frames, raw, closing (after our status), done (after B)
+        self.offset = 0
+        self._kind = b""  # of the frame whose header is being read
+        self._payload = 0  # bytes of the current D frame still to come
+        self._reason: int | None = None  # the size of the X frame whose reason is being read
+        self._skip = 0  # bytes of an over-long reason still to drop
+
+    @property
+    def payload_left(self) -> int:
+        """How many of the next bytes are stream data whatever they hold (a driver may receive them in place)."""
+        return RAW_DATA if self._state == "raw" else self._payload if self._state == "frames" else 0
 
     def _next(self, data: memoryview, pos: int, events: list[Event]) -> int:
         if self._payload or self._skip:
@@ -298,28 +310,17 @@ class ReceiverConnection:
         return status_line(code, message)
 
 
-class SenderConnection:
+class SenderConnection(_Machine):
     """One connection, at the sender: the receiver's answer (or its status), its acks, its status."""
 
     def __init__(self) -> None:
-        self._input = _Input()
-        self._state = "answer"  # answer, lines, done (after the status)
+        super().__init__("answer")  # answer, lines, done (after the status)
 
-    def receive_data(self, data: bytes | bytearray | memoryview) -> list[Event]:
-        if self._input.error is not None:
-            raise self._input.error
-        view = memoryview(data).cast("B")
-        events: list[Event] = []
-        pos = 0
-        try:
-            while pos < len(view) and self._state != "done":
-                line, pos = self._input.line(view, pos)
-                if line is not None:
-                    events.append(self._line(line))
-        except SessionError as exc:
-            self._input.error = exc
-            raise
-        return events
+    def _next(self, data: memoryview, pos: int, events: list[Event]) -> int:
+        line, pos = self._input.line(data, pos)
+        if line is not None:
+            events.append(self._line(line))
+        return pos
 
     def _line(self, line: bytes) -> Event:
         if line.startswith(STATUS_PREFIX):
