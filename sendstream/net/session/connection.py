@@ -76,12 +76,11 @@ class Inbox(Generic[M]):
     def receive_payload(self, view: memoryview) -> int | None:
         """Receive stream data straight into ``view`` when nothing is pending and the next bytes are data:
         how many came (0 at the end of the channel); None when the events come first."""
-        left = self.machine.payload_left if isinstance(self.machine, ReceiverConnection) else 0
-        if self._events or not left:
+        if self._events or not isinstance(self.machine, ReceiverConnection) or not self.machine.payload_left:
             return None
+        left = self.machine.payload_left
         n = self.channel.recv_into(view[: min(left, len(view))])
-        if n:
-            self.machine.receive_data(view[:n])  # one Data event: those very bytes
+        self.machine.payload_received(n)
         return n
 
     def take_data(self, event: Data, view: memoryview) -> int:

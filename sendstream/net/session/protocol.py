@@ -150,6 +150,8 @@ class _Input:
 
     def take(self, data: memoryview, pos: int, n: int) -> tuple[bytes | None, int]:
         """The next ``n`` bytes (with those kept) and the position after them; None when they are not all there."""
+        if not self.kept and len(data) - pos >= n:
+            return bytes(data[pos : pos + n]), pos + n
         want = n - len(self.kept)
         if len(data) - pos < want:
             self.kept += data[pos:]
@@ -205,7 +207,6 @@ class ReceiverConnection(_Machine):
     def __init__(self) -> None:
         super().__init__("first")  # first, hello, frames, raw, closing (after our status), done (after B)
         self.offset = 0
-        self._kind = b""  # of the frame whose header is being read
         self._payload = 0  # bytes of the current D frame still to come
         self._reason: int | None = None  # the size of the X frame whose reason is being read
         self._skip = 0  # bytes of an over-long reason still to drop
@@ -215,16 +216,23 @@ class ReceiverConnection(_Machine):
         """How many of the next bytes are stream data whatever they hold (a driver may receive them in place)."""
         return RAW_DATA if self._state == "raw" else self._payload if self._state == "frames" else 0
 
+    def payload_received(self, n: int) -> None:
+        """``n`` of the next :attr:`payload_left` bytes went straight where the data goes: as if they came as Data."""
+        if self._state == "frames":
+            self._payload -= n
+            self.offset += n
+
     def _next(self, data: memoryview, pos: int, events: list[Event]) -> int:
-        if self._payload or self._skip:
-            n = min(self._payload or self._skip, len(data) - pos)
-            if self._payload:
-                self._payload -= n
-                if self._state != "closing":  # frames sent before the sender saw our status are dropped
-                    self.offset += n
-                    events.append(Data(data[pos : pos + n]))
-            else:
-                self._skip -= n
+        if self._payload:
+            n = min(self._payload, len(data) - pos)
+            self._payload -= n
+            if self._state == "frames":  # closing: frames sent before the sender saw our status are dropped
+                self.offset += n
+                events.append(Data(data[pos : pos + n]))
+            return pos + n
+        if self._skip:
+            n = min(self._skip, len(data) - pos)
+            self._skip -= n
             return pos + n
         if self._state == "raw":
             events.append(Data(data[pos:]))
@@ -254,26 +262,24 @@ class ReceiverConnection(_Machine):
         return pos + n
 
     def _frame(self, data: memoryview, pos: int, events: list[Event]) -> int:
-        if not self._kind:
-            self._kind = bytes(data[pos : pos + 1])
-            pos += 1
-            if self._kind == b"B" and self._state == "closing":
-                events.append(Bye())
-                self._state = "done"
-                return pos
-            if self._kind not in (b"D", b"E", b"X"):
-                expected = "B, D, E or X" if self._state == "closing" else "D, E or X"
-                raise SessionError(f"unexpected frame type {self._kind!r} at offset {self.offset}; expected {expected}")
         if self._reason is not None:
             return self._abort(data, pos, events, self._reason)
-        header, pos = self._input.take(data, pos, 8 if self._kind == b"E" else 4)
+        kind = bytes(self._input.kept[:1] or data[pos : pos + 1])
+        if kind == b"B" and self._state == "closing":
+            events.append(Bye())
+            self._state = "done"
+            return pos + 1
+        if kind not in (b"D", b"E", b"X"):
+            expected = "B, D, E or X" if self._state == "closing" else "D, E or X"
+            raise SessionError(f"unexpected frame type {kind!r} at offset {self.offset}; expected {expected}")
+        header, pos = self._input.take(data, pos, _END.size if kind == b"E" else _FRAME.size)
         if header is None:
             return pos
-        (value,) = struct.unpack(">Q" if self._kind == b"E" else ">I", header)
-        if self._kind == b"X":
+        _, value = (_END if kind == b"E" else _FRAME).unpack(header)
+        if kind == b"X":
             self._reason = value
             return self._abort(data, pos, events, value)
-        if self._kind == b"D":
+        if kind == b"D":
             if value > MAX_FRAME:
                 raise SessionError(f"a frame of {value} bytes at offset {self.offset}; expected at most {MAX_FRAME}")
             self._payload = value
@@ -281,14 +287,13 @@ class ReceiverConnection(_Machine):
             if value != self.offset:
                 raise SessionError(f"the sender ended at {value} bytes, {self.offset} received")
             events.append(End(value))
-        self._kind = b""
         return pos
 
     def _abort(self, data: memoryview, pos: int, events: list[Event], size: int) -> int:
         """The reason of an ``X`` frame of ``size`` bytes: the first :data:`MAX_REASON`, the rest dropped."""
         reason, pos = self._input.take(data, pos, min(size, MAX_REASON))
         if reason is not None:
-            self._kind, self._reason, self._skip = b"", None, size - len(reason)
+            self._reason, self._skip = None, size - len(reason)
             events.append(Abort(printable(reason.decode("utf-8", "replace"))))
         return pos
 
