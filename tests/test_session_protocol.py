@@ -316,3 +316,12 @@ def test_hostile_lines_raise_our_error_at_the_sender(wire: bytes, says: str) -> 
     for how in ("whole", "random"):
         with pytest.raises(SessionError, match=says):
             feed(SenderConnection(), chunked(wire, how))
+
+
+def test_payload_a_driver_received_in_place_counts_as_its_data() -> None:
+    machine = receiver()
+    assert machine.receive_data(struct.pack(">cI", b"D", 10)) == []
+    assert machine.payload_left == 10
+    machine.payload_received(4)
+    assert machine.payload_left == 6
+    assert feed(machine, [b"x" * 6 + SenderConnection.end(10)]) == [Data(memoryview(b"x" * 6)), End(10)]
