@@ -30,7 +30,7 @@ from .ops.verify import Report, find_headers, verify_file
 if TYPE_CHECKING:
     from .net.address import Listening
     from .net.progress import Progress
-    from .net.session.drivers import SessionReceiver
+    from .net.session.receiver import SessionReceiver
     from .net.sinks import Sink
     from .net.tls import Channel
 

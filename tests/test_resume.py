@@ -135,7 +135,7 @@ def test_the_sender_holds_at_most_the_window(tmp_path: Path) -> None:
     """Resending never exceeds the window: everything before it was acknowledged."""
     from sendstream.net.address import connect, listen
     from sendstream.net.receiving import accept_sender
-    from sendstream.net.session.drivers import SessionSender
+    from sendstream.net.session.sender import SessionSender
     from sendstream.net.tls import PlainChannel
 
     server = listen("127.0.0.1", 0)
@@ -217,7 +217,8 @@ _ = sys
 def test_a_sender_giving_up_right_after_data_is_reported_with_its_reason() -> None:
     """An ``X`` frame that arrives with the data before it: the data first, then the sender's reason."""
     from sendstream.errors import RemoteError
-    from sendstream.net.session.drivers import MAGIC, SessionReceiver, open_connection
+    from sendstream.net.session.messages import MAGIC
+    from sendstream.net.session.receiver import SessionReceiver, open_connection
 
     ours, theirs = socket.socketpair()
     reason = b"input: offset 42: bad crc"

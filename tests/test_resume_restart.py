@@ -32,7 +32,7 @@ from support.trees import differences
 from sendstream import Command, Decoder, Encoder, EndOfInput, StreamHeader
 from sendstream.errors import PrefixDiffers, ResumeError, TruncatedStream
 from sendstream.io.windows import file_events
-from sendstream.net.session.drivers import PREFIX_SIZE
+from sendstream.net.session.protocol import PREFIX_SIZE
 from sendstream.ops.identity import stream_identity
 from sendstream.ops.ledger import Checkpoint, Ledger
 from sendstream.ops.repair import Healer

@@ -130,18 +130,13 @@ with instrumented:
     from sendstream.format.command import Command
     from sendstream.format.layout import ATTRIBUTES, COMMAND_NUMBERS, COMMANDS, MAX_VERSION, STREAM_MAGIC
     from sendstream.io.windows import file_events
-    from sendstream.net.session.drivers import (
-        MAGIC,
-        PREFIX_SIZE,
-        STATUS_PREFIX,
-        SessionReceiver,
-        SessionSender,
-        open_connection,
-        parse_status,
-        stream_identity,
-    )
+    from sendstream.net.session.messages import MAGIC, STATUS_PREFIX, parse_status
+    from sendstream.net.session.protocol import PREFIX_SIZE
+    from sendstream.net.session.receiver import SessionReceiver, open_connection
+    from sendstream.net.session.sender import SessionSender
     from sendstream.net.tls import PlainChannel
     from sendstream.ops.downgrade import Downgrader
+    from sendstream.ops.identity import stream_identity
     from sendstream.ops.ledger import Checkpoint, Ledger
     from sendstream.ops.repair import Healer
     from sendstream.ops.tokens import TOKEN_PREFIX, _b64, _mac, make_token, read_token

@@ -25,7 +25,7 @@ from .tls import Channel
 if TYPE_CHECKING:
     from ..ops.ledger import Checkpoint
     from .journal import Journal
-    from .session.drivers import SessionReceiver
+    from .session.receiver import SessionReceiver
     from .sinks import Sink
 
 
@@ -54,7 +54,7 @@ def accept_sender(
     starts at the checkpoint's offset.
     """
     from .listener import Listener
-    from .session.drivers import Opening, SessionReceiver, admit, open_connection
+    from .session.receiver import Opening, SessionReceiver, admit, open_connection
 
     def open_one(sock: socket.socket, deadline: float) -> Opening:
         return open_connection(sock, handshake, deadline, timeout=timeout, idle_timeout=idle_timeout)
@@ -135,7 +135,7 @@ def accepted(
     it goes on; the session is closed at the end. ``log`` hears which TLS
     path each direction took, and every reconnect.
     """
-    from .session.drivers import failure_status
+    from .session.connection import failure_status
 
     with listen(listening.address.host, listening.address.port) as server:
         session = accept_sender(

@@ -1,14 +1,14 @@
 """Relaying a stream from one network leg to another, checking and healing every command in between.
 
 The upstream leg is what ``sendstream receive`` accepts: a
-:class:`~sendstream.net.session.drivers.SessionReceiver` (a session that
+:class:`~sendstream.net.session.receiver.SessionReceiver` (a session that
 survives drops, or a raw stream). Every command is checked, and a restarted
 stream healed, on the batch path of ``receive``
 (:func:`~sendstream.net.receiving.receive_resumable`) before it is handed
 downstream: nothing unverified leaves. The downstream leg sends as
 ``sendstream send`` does: the plain stream through one channel
 (:class:`~sendstream.net.sending.PlainSender`), or a
-:class:`~sendstream.net.session.drivers.SessionSender` that reconnects. Each
+:class:`~sendstream.net.session.sender.SessionSender` that reconnects. Each
 leg has its own channel, so its own TLS mode and key.
 
 :func:`relay` takes the sender and answers it with the downstream result:
@@ -31,7 +31,8 @@ from .address import Listening
 from .progress import Progress, Summary
 from .receiving import accepted, receive_resumable
 from .sending import PlainSender
-from .session.drivers import WINDOW_SIZE, SessionReceiver, SessionSender
+from .session.receiver import SessionReceiver
+from .session.sender import WINDOW_SIZE, SessionSender
 from .tls import Channel
 
 

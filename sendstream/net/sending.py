@@ -98,7 +98,7 @@ class PlainSender:
         """Cut the connection without close_notify: the receiver sees a truncated stream (no room for ``reason``)."""
         self._channel.interrupt()
         self._reader.join()
-        from .session.drivers import _close
+        from .session.connection import _close
 
         _close(self._channel)
 
@@ -191,7 +191,7 @@ def send_resumable(
     up to its offset, and only what follows is sent.
     """
     from ..ops.ledger import Ledger
-    from .session.drivers import WINDOW_SIZE, SessionSender
+    from .session.sender import WINDOW_SIZE, SessionSender
 
     sender = SessionSender(
         connect,

@@ -1,0 +1,327 @@
+"""The session protocol's state machines, without sockets: real bytes in, events out.
+
+Every conversation is fed whole, byte by byte and in seeded random chunks;
+every frame and line is cut at every position (the part gives no event,
+the rest completes it); the sender's and the receiver's machines talk to
+each other; hostile bytes raise our SessionError naming what was expected.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from collections.abc import Iterable
+
+import pytest
+from conftest import FIXTURES
+
+from sendstream.errors import SessionError
+from sendstream.net.session.messages import MAX_LINE
+from sendstream.net.session.protocol import (
+    MAX_FRAME,
+    MAX_REASON,
+    PREFIX_SIZE,
+    RAW_MAGIC,
+    Abort,
+    Ack,
+    Answer,
+    Bye,
+    Data,
+    End,
+    Event,
+    Hello,
+    RawStream,
+    ReceiverConnection,
+    SenderConnection,
+    Status,
+)
+from sendstream.ops.identity import stream_identity
+
+STREAM = (FIXTURES / "rich-full-v2.stream").read_bytes()
+IDENTITY = stream_identity(STREAM[:PREFIX_SIZE])
+SEED = 12
+Machine = ReceiverConnection | SenderConnection
+
+
+def chunked(data: bytes, how: str) -> Iterable[bytes]:
+    """``data`` whole, byte by byte, or in seeded random chunks of 1 to 3000 bytes."""
+    if how == "whole":
+        yield data
+    elif how == "bytes":
+        yield from (data[i : i + 1] for i in range(len(data)))
+    else:
+        rng, i = random.Random(f"{SEED}-{len(data)}"), 0
+        while i < len(data):
+            n = rng.randint(1, 3000)
+            yield data[i : i + n]
+            i += n
+
+
+def feed(machine: Machine, pieces: Iterable[bytes]) -> list[Event]:
+    """The events of ``pieces``, with adjacent Data merged into one (as bytes): comparable however the bytes came."""
+    events: list[Event] = []
+    for piece in pieces:
+        for event in machine.receive_data(piece):
+            if isinstance(event, Data):
+                payload = bytes(event.payload)
+                if events and isinstance(events[-1], Data):
+                    payload = bytes(events.pop().payload) + payload
+                event = Data(memoryview(payload))
+            events.append(event)
+    return events
+
+
+def receiver(verified: int = 0, resume: int = 0) -> ReceiverConnection:
+    """A receiver machine past the hello of :data:`IDENTITY`, that answered ``(verified, resume)``."""
+    machine = ReceiverConnection()
+    assert machine.receive_data(SenderConnection.hello(IDENTITY)) == [Hello(IDENTITY)]
+    machine.answer(verified, resume)
+    return machine
+
+
+def frames(data: bytes, size: int) -> bytes:
+    """``data`` as D frames of at most ``size`` bytes, then E."""
+    out = b"".join(b"".join(SenderConnection.data(data[i : i + size])) for i in range(0, len(data), size))
+    return out + SenderConnection.end(len(data))
+
+
+# --- the sender's bytes at the receiver -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["whole", "bytes", "random"])
+def test_a_whole_session_at_the_receiver(how: str) -> None:
+    data = STREAM[:50_000]
+    wire = SenderConnection.hello(IDENTITY) + frames(data, 7001)
+    machine = ReceiverConnection()
+    machine.answer(0, 0)
+    assert feed(machine, chunked(wire, how)) == [Hello(IDENTITY), Data(memoryview(data)), End(len(data))]
+    assert machine.offset == len(data)
+
+
+@pytest.mark.parametrize("how", ["whole", "bytes", "random"])
+def test_a_raw_stream_is_data_from_its_first_byte(how: str) -> None:
+    data = STREAM[:20_000]
+    assert data.startswith(RAW_MAGIC)
+    assert feed(ReceiverConnection(), chunked(data, how)) == [RawStream(), Data(memoryview(data))]
+
+
+def test_a_resumed_session_counts_from_where_the_receiver_resumes() -> None:
+    machine = receiver(100, 200)
+    assert feed(machine, [b"".join(SenderConnection.data(STREAM[200:300])), SenderConnection.end(300)]) == [
+        Data(memoryview(STREAM[200:300])),
+        End(300),
+    ]
+
+
+def test_an_abort_gives_its_reason_and_drops_what_is_over_the_limit() -> None:
+    long = b"r" * (MAX_REASON + 500)
+    wire = struct.pack(">cI", b"X", len(long)) + long + SenderConnection.end(0)
+    for how in ("whole", "bytes", "random"):
+        assert feed(receiver(), chunked(wire, how)) == [Abort("r" * MAX_REASON), End(0)]
+    assert feed(receiver(), [SenderConnection.abort("bad \x1b crc")]) == [Abort("bad \\x1b crc")]
+
+
+def test_after_the_status_frames_in_flight_are_dropped_until_the_bye() -> None:
+    machine = receiver()
+    assert machine.status(0, "ok") == b"sendstream-status 0 ok\n"
+    wire = b"".join(SenderConnection.data(b"late" * 1000)) + SenderConnection.end(12345) + SenderConnection.bye()
+    for how in ("whole", "bytes", "random"):
+        machine = receiver()
+        machine.status(0, "ok")
+        assert feed(machine, chunked(wire + b"whatever follows", how)) == [Bye()]
+        assert machine.payload_left == 0
+
+
+# --- the receiver's lines at the sender -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["whole", "bytes", "random"])
+def test_answer_acks_and_status_at_the_sender(how: str) -> None:
+    wire = ReceiverConnection().answer(10, 20) + b"".join(ReceiverConnection.ack(v) for v in (30, 4 << 20, 1 << 40))
+    wire += ReceiverConnection().status(3, "truncated\nstream") + b"ignored after the status"
+    assert feed(SenderConnection(), chunked(wire, how)) == [
+        Answer(10, 20),
+        Ack(30),
+        Ack(4 << 20),
+        Ack(1 << 40),
+        Status(3, "truncated\\nstream"),
+    ]
+
+
+def test_a_receiver_that_finished_answers_the_hello_with_its_status() -> None:
+    assert feed(SenderConnection(), [b"sendstream-status 0 ok\n"]) == [Status(0, "ok")]
+
+
+# --- both machines talking ------------------------------------------------------------------------------------------
+
+
+def test_sender_and_receiver_machines_against_each_other() -> None:
+    rng = random.Random(SEED)
+    sender, receiver_ = SenderConnection(), ReceiverConnection()
+    to_receiver, to_sender = bytearray(), bytearray()
+
+    def deliver(wire: bytearray, machine: Machine) -> list[Event]:
+        """What has been sent so far, in random pieces."""
+        events = feed(machine, chunked(bytes(wire), "random" if rng.random() < 0.5 else "bytes"))
+        wire.clear()
+        return events
+
+    to_receiver += sender.hello(IDENTITY)
+    assert deliver(to_receiver, receiver_) == [Hello(IDENTITY)]
+    to_sender += receiver_.answer(0, 0)
+    assert deliver(to_sender, sender) == [Answer(0, 0)]
+    got = bytearray()
+    offset = 0
+    while offset < len(STREAM):
+        n = rng.randint(1, 40_000)
+        for frame in sender.data(STREAM[offset : offset + n]):
+            to_receiver += frame
+        offset += n
+        for event in deliver(to_receiver, receiver_):
+            assert isinstance(event, Data)
+            got += event.payload
+        to_sender += receiver_.ack(len(got))
+        assert deliver(to_sender, sender) == [Ack(len(got))]
+    to_receiver += sender.end(len(STREAM))
+    assert deliver(to_receiver, receiver_) == [End(len(STREAM))]
+    to_sender += receiver_.status(0, "ok")
+    assert deliver(to_sender, sender) == [Status(0, "ok")]
+    to_receiver += sender.bye()
+    assert deliver(to_receiver, receiver_) == [Bye()]
+    assert bytes(got) == STREAM
+
+
+def test_a_frame_longer_than_the_limit_is_split() -> None:
+    pieces = SenderConnection.data(bytes(MAX_FRAME + 10))
+    assert [len(p) for p in pieces] == [5 + MAX_FRAME, 5 + 10]
+    assert feed(receiver(), pieces) == [Data(memoryview(bytes(MAX_FRAME + 10)))]
+
+
+# --- every unit cut at every position -------------------------------------------------------------------------------
+
+UNITS: dict[str, tuple[bytes, list[Event]]] = {
+    "end": (SenderConnection.end(0), [End(0)]),
+    "abort": (SenderConnection.abort("gave up"), [Abort("gave up")]),
+    "data header": (struct.pack(">cI", b"D", 0), []),
+}
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=UNITS.keys())
+def test_a_frame_cut_anywhere_gives_nothing_until_its_rest_comes(unit: str) -> None:
+    wire, events = UNITS[unit]
+    for cut in range(1, len(wire)):
+        machine = receiver()
+        assert machine.receive_data(wire[:cut]) == [], cut
+        assert feed(machine, [wire[cut:]]) == events, cut
+
+
+def test_a_data_frame_cut_anywhere_gives_its_bytes_as_they_come() -> None:
+    payload = STREAM[:300]
+    wire = b"".join(SenderConnection.data(payload)) + SenderConnection.end(len(payload))
+    for cut in range(len(wire) + 1):
+        machine = receiver()
+        came = min(cut, 5 + len(payload)) - 5  # of the payload, in the first part
+        whole = [End(len(payload))] if cut == len(wire) else []
+        assert feed(machine, [wire[:cut]]) == ([Data(memoryview(payload[:came]))] if came > 0 else []) + whole, cut
+        assert feed(receiver(), [wire[:cut], wire[cut:]]) == [Data(memoryview(payload)), End(len(payload))], cut
+
+
+def test_the_hello_cut_anywhere_gives_nothing_until_its_rest_comes() -> None:
+    wire = SenderConnection.hello(IDENTITY) + SenderConnection.end(0)
+    for cut in range(1, len(wire) - 9):
+        machine = ReceiverConnection()
+        assert machine.receive_data(wire[:cut]) == [], cut
+        assert machine.receive_data(wire[cut:]) == [Hello(IDENTITY), End(0)], cut
+
+
+def test_every_line_cut_anywhere_gives_nothing_until_its_rest_comes() -> None:
+    answer, ack, status = ReceiverConnection().answer(5, 7), ReceiverConnection.ack(99), status_bytes()
+    for line, before, event in [(answer, b"", Answer(5, 7)), (ack, answer, Ack(99)), (status, answer, Status(1, "no"))]:
+        for cut in range(1, len(line)):
+            machine = SenderConnection()
+            machine.receive_data(before)
+            assert machine.receive_data(line[:cut]) == [], (line, cut)
+            assert machine.receive_data(line[cut:]) == [event], (line, cut)
+
+
+def status_bytes() -> bytes:
+    return ReceiverConnection().status(1, "no")
+
+
+# --- hostile bytes --------------------------------------------------------------------------------------------------
+
+HOSTILE_AT_THE_RECEIVER = {
+    "garbage first": (b"GET / HTTP/1.1\r\n\r\n", "neither a session hello nor a btrfs stream: b'GET / HTTP/1.1"),
+    "bad JSON": (b"sendstream-session 1 {bad\n", "the session hello is not valid JSON"),
+    "over-long hello": (b"sendstream-session 1 " + b"x" * MAX_LINE, f"longer than {MAX_LINE} bytes"),
+    "another version": (b"sendstream-session 2 {}\n", "session protocol version b'2' is not 1"),
+}
+
+
+@pytest.mark.parametrize(("wire", "says"), HOSTILE_AT_THE_RECEIVER.values(), ids=HOSTILE_AT_THE_RECEIVER.keys())
+def test_hostile_first_words_raise_our_error(wire: bytes, says: str) -> None:
+    for how in ("whole", "random"):
+        machine = ReceiverConnection()
+        with pytest.raises(SessionError, match=says.replace("(", r"\(")):
+            feed(machine, chunked(wire, how))
+        with pytest.raises(SessionError, match=says.replace("(", r"\(")):  # and it stays failed
+            machine.receive_data(b"\n")
+
+
+HOSTILE_FRAMES = {
+    "a frame over the limit": (struct.pack(">cI", b"D", MAX_FRAME + 1), f"expected at most {MAX_FRAME}"),
+    "an unknown frame type": (b"Q", "unexpected frame type b'Q' at offset 0; expected D, E or X"),
+    "a bye before the status": (b"B", "unexpected frame type b'B' at offset 0; expected D, E or X"),
+    "an end at another offset": (SenderConnection.end(5), "the sender ended at 5 bytes, 0 received"),
+}
+
+
+@pytest.mark.parametrize(("wire", "says"), HOSTILE_FRAMES.values(), ids=HOSTILE_FRAMES.keys())
+def test_hostile_frames_raise_our_error(wire: bytes, says: str) -> None:
+    with pytest.raises(SessionError, match=says.replace("(", r"\(")):
+        feed(receiver(), chunked(wire, "bytes"))
+
+
+def test_the_frame_limit_is_checked_before_the_payload_comes() -> None:
+    machine = receiver()
+    assert machine.receive_data(struct.pack(">cI", b"D", MAX_FRAME)) == []  # at the limit: taken
+    assert machine.payload_left == MAX_FRAME
+
+
+def test_a_line_of_the_limit_is_taken_and_one_byte_more_is_not() -> None:
+    hello = SenderConnection.hello(IDENTITY)
+    padded = hello[:-1] + b" " * (MAX_LINE - len(hello)) + b"\n"
+    assert len(padded) == MAX_LINE
+    assert ReceiverConnection().receive_data(padded) == [Hello(IDENTITY)]
+    with pytest.raises(SessionError, match=f"longer than {MAX_LINE} bytes"):
+        ReceiverConnection().receive_data(padded[:-1] + b" \n")
+    machine = SenderConnection()
+    assert machine.receive_data(b"a" * (MAX_LINE - 1)) == []  # kept: no newline yet, not over the limit
+    with pytest.raises(SessionError, match=f"longer than {MAX_LINE} bytes"):
+        machine.receive_data(b"a")
+
+
+HOSTILE_AT_THE_SENDER = {
+    "bad JSON": (b"sendstream-session 1 {bad\n", "the receiver's answer is not valid JSON"),
+    "not the protocol": (b"HTTP/1.1 200 OK\n", "the receiver does not speak the session protocol"),
+    "over-long line": (b"x" * (MAX_LINE + 1), f"longer than {MAX_LINE} bytes"),
+    "a bad status": ("sendstream-status ² failed\n".encode(), "malformed status line"),
+    "an unexpected line": (ReceiverConnection().answer(0, 0) + b"hello\n", "expected an ack or a status"),
+    "a malformed ack": (ReceiverConnection().answer(0, 0) + b"ack -1\n", "malformed acknowledgement"),
+}
+
+
+@pytest.mark.parametrize(("wire", "says"), HOSTILE_AT_THE_SENDER.values(), ids=HOSTILE_AT_THE_SENDER.keys())
+def test_hostile_lines_raise_our_error_at_the_sender(wire: bytes, says: str) -> None:
+    for how in ("whole", "random"):
+        with pytest.raises(SessionError, match=says):
+            feed(SenderConnection(), chunked(wire, how))
+
+
+def test_payload_a_driver_received_in_place_counts_as_its_data() -> None:
+    machine = receiver()
+    assert machine.receive_data(struct.pack(">cI", b"D", 10)) == []
+    assert machine.payload_left == 10
+    machine.payload_received(4)
+    assert machine.payload_left == 6
+    assert feed(machine, [b"x" * 6 + SenderConnection.end(10)]) == [Data(memoryview(b"x" * 6)), End(10)]
