@@ -13,7 +13,7 @@ import struct
 from collections.abc import Iterable
 
 import pytest
-from conftest import FIXTURES
+from support.streams import FIXTURES
 
 from sendstream.errors import SessionError
 from sendstream.net.session.messages import MAX_LINE
