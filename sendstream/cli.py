@@ -49,8 +49,8 @@ def _options(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return decorate
 
 
-def _given(**options: int | None) -> dict[str, int]:
-    """The options given: for the others (None) the library's defaults stand."""
+def _given(**options: Any) -> dict[str, Any]:
+    """The options given, by the names of the library's arguments: for the others (None) its defaults stand."""
     return {name: value for name, value in options.items() if value is not None}
 
 
@@ -64,7 +64,6 @@ _summary_option = click.option("-q", "--quiet", is_flag=True, help="No summary l
 _max_size_option = click.option(
     "--max-command-size",
     type=click.IntRange(min=1, max=MAX_COMMAND_SIZE),
-    default=None,
     metavar="BYTES",
     help="Largest command payload accepted (default: the kernel's limit for the stream's version; "
     f"at most {MAX_COMMAND_SIZE >> 20} MiB, which one command may take in memory).",
@@ -74,14 +73,12 @@ _tracker_options = _options(
     click.option(
         "--max-names",
         type=click.IntRange(min=1),
-        default=None,
         metavar="N",
         help="Most names followed in one subvolume; every directory above a path counts (default: 400,000).",
     ),
     click.option(
         "--max-held",
         type=click.IntRange(min=1),
-        default=None,
         metavar="BYTES",
         help="Most bytes of results held until a subvolume ends: records, changes, their paths (default: 64 MiB).",
     ),
@@ -230,11 +227,11 @@ def _error(message: str) -> None:
 @_json_option("command")
 @click.option("--strict", is_flag=True, help="Reject commands and attributes unknown to the stream's version.")
 @_max_size_option
-def dump(stream: str, as_json: bool, strict: bool, max_command_size: int | None) -> None:
+def dump(stream: str, **options: Any) -> None:
     """Print every command of STREAM (a file or -), like `btrfs receive --dump`."""
     from .render.dump import dump as write_dump
 
-    write_dump(stream, sys.stdout.buffer, as_json=as_json, strict=strict, max_command_size=max_command_size, warn=_warn)
+    write_dump(stream, sys.stdout.buffer, warn=_warn, **_given(**options))
 
 
 @cli.command()
@@ -283,15 +280,7 @@ def verify(
     tell_problems(report.problems, _error)
     tell_problems(report.warnings, _warn)
     if not quiet:
-        rate = report.bytes / report.seconds / 1e6 if report.seconds else 0.0
-        count, warned = report.problems.total, report.warnings.total
-        status = "OK" if report.ok else f"FAILED ({count} problem{'s' * (count != 1)})"
-        if warned:
-            status += f" ({warned} warning{'s' * (warned != 1)})"
-        click.echo(
-            f"{status}: {report.streams} stream{'s' * (report.streams != 1)}, {report.commands} commands, "
-            f"{report.bytes} bytes in {report.seconds:.3f} s ({rate:.1f} MB/s)"
-        )
+        click.echo(report.summary())
     sys.exit(report.exit_code)
 
 
@@ -300,7 +289,6 @@ def verify(
 @click.option(
     "--to-version",
     type=click.IntRange(1, 1),
-    default=None,
     metavar="1",
     help="Write a v1 stream for an older btrfs receive: ENCODED_WRITE decompressed into WRITEs, "
     "FALLOCATE as WRITEs of zeros, FILEATTR and ENABLE_VERITY dropped with a warning.",
@@ -308,7 +296,6 @@ def verify(
 @click.option(
     "--max-zero-fill",
     type=click.IntRange(min=0),
-    default=None,
     metavar="BYTES",
     help="With --to-version 1: most bytes of zeros written for holes in all (default: 1 GiB).",
 )
@@ -346,9 +333,7 @@ def convert(
 @_json_option("subvolume")
 @_tracker_options
 @_max_size_option
-def ls_command(
-    stream: str, as_json: bool, max_names: int | None, max_held: int | None, max_command_size: int | None
-) -> None:
+def ls_command(stream: str, **options: Any) -> None:
     """List every path STREAM (a file or -) touches, with the kind of change.
 
     One line per name, under its final path: created, linked (a new hard
@@ -357,10 +342,9 @@ def ls_command(
     btrfs' temporary names never show: a file created as o257-5-0 and
     renamed into place is `created` at its final path.
     """
-    from .render.changes import write_ls
+    from .render.changes import write_changes
 
-    limits = _given(max_names=max_names, max_held=max_held)
-    write_ls(stream, sys.stdout.buffer, as_json=as_json, max_command_size=max_command_size, warn=_warn, **limits)
+    write_changes(stream, sys.stdout.buffer, warn=_warn, **_given(**options))
 
 
 @cli.command()
@@ -368,7 +352,7 @@ def ls_command(
 @_json_option("subvolume")
 @_tracker_options
 @_max_size_option
-def diff(stream: str, as_json: bool, max_names: int | None, max_held: int | None, max_command_size: int | None) -> None:
+def diff(stream: str, **options: Any) -> None:
     """What the incremental STREAM (a file or -) changes against its parent.
 
     Text, as `git diff --name-status`: A added (a new hard link says to
@@ -377,10 +361,9 @@ def diff(stream: str, as_json: bool, max_names: int | None, max_held: int | None
     [data mode,owner,times,xattrs,fileattr]. --json: added, removed,
     renamed (from, to), modified, metadata.
     """
-    from .render.changes import write_diff
+    from .render.changes import write_changes
 
-    limits = _given(max_names=max_names, max_held=max_held)
-    write_diff(stream, sys.stdout.buffer, as_json=as_json, max_command_size=max_command_size, warn=_warn, **limits)
+    write_changes(stream, sys.stdout.buffer, diff=True, warn=_warn, **_given(**options))
 
 
 def _verify_from_socket(
@@ -473,20 +456,11 @@ def repair(source: str, target: str, keep_last: bool, quiet: bool, max_command_s
     appears only when the whole input was repaired.
     """
     from .ops.repair import repair as write_repaired
+    from .ops.repair import summary_lines
 
     healer = write_repaired(source, target, keep_last=keep_last, max_command_size=max_command_size, warn=_warn)
     if not quiet:
-        for r in healer.restarts:
-            click.echo(
-                f"sendstream: restart at offset {r.offset} after {r.commands} complete commands, "
-                f"{r.partial} bytes of a partial command before it",
-                err=True,
-            )
-        click.echo(
-            f"sendstream: {healer.restart_count} restart{'s' * (healer.restart_count != 1)} repaired; "
-            f"{healer.written} bytes written, {healer.dropped} dropped",
-            err=True,
-        )
+        click.echo("\n".join(f"sendstream: {line}" for line in summary_lines(healer)), err=True)
 
 
 def _psk(mode: str, key_file: str | None, identity: str, leg: str = "") -> bytes | None:
@@ -868,22 +842,13 @@ def relay(
 @click.option(
     "--max-clone-copy",
     type=click.IntRange(min=0),
-    default=None,
     metavar="BYTES",
     help="Most bytes of data that clones (and copies of parents, with --per-subvolume) may copy in all "
     "where DIR's file system cannot reflink (default: 64 GiB).",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No warnings about skipped commands and no summary.")
 @_max_size_option
-def extract(
-    stream: str,
-    directory: str,
-    clone_from: tuple[str, ...],
-    per_subvolume: bool,
-    max_clone_copy: int | None,
-    quiet: bool,
-    max_command_size: int | None,
-) -> None:
+def extract(stream: str, directory: str, clone_from: tuple[str, ...], quiet: bool, **options: Any) -> None:
     """Apply STREAM (a file or -) to DIR in user space, without btrfs.
 
     A full stream needs an empty DIR, which becomes the subvolume; an
@@ -893,20 +858,11 @@ def extract(
     cannot apply here (fileattr, --no-data extents, xattrs or devices the
     file system or user may not have) are skipped with a warning.
     """
-    from .extract import MAX_CLONE_COPY, parse_clone_from
     from .extract import extract as extract_stream
+    from .extract import parse_clone_from
 
     sources, dirs = parse_clone_from(clone_from)
-    report = extract_stream(
-        stream,
-        directory,
-        clone_sources=sources,
-        clone_dirs=dirs,
-        per_subvolume=per_subvolume,
-        max_command_size=max_command_size,
-        max_clone_copy=MAX_CLONE_COPY if max_clone_copy is None else max_clone_copy,
-        warn=_warn,
-    )
+    report = extract_stream(stream, directory, clone_sources=sources, clone_dirs=dirs, warn=_warn, **_given(**options))
     if not quiet:
         for group in report.skip_groups():
             more = f" (and {group.count - 1} more {'of other kinds' if group.other else 'like it'})"
@@ -919,9 +875,7 @@ def extract(
 @_json_option("command")
 @_tracker_options
 @_max_size_option
-def paths(
-    stream: str, as_json: bool, max_names: int | None, max_held: int | None, max_command_size: int | None
-) -> None:
+def paths(stream: str, **options: Any) -> None:
     """Print each command of STREAM (a file or -) with the final path it affects.
 
     btrfs send makes files under temporary names (o<ino>-<gen>-<seq>) and
@@ -933,18 +887,17 @@ def paths(
     """
     from .render.paths import write_paths
 
-    limits = _given(max_names=max_names, max_held=max_held)
-    write_paths(stream, sys.stdout.buffer, as_json=as_json, max_command_size=max_command_size, warn=_warn, **limits)
+    write_paths(stream, sys.stdout.buffer, warn=_warn, **_given(**options))
 
 
 @cli.command()
 @_stream_argument
 @_max_size_option
-def stats(stream: str, max_command_size: int | None) -> None:
+def stats(stream: str, **options: Any) -> None:
     """Count commands and bytes per command kind in each stream of STREAM (a file or -)."""
     from .render.paths import write_stats
 
-    write_stats(stream, sys.stdout.buffer, max_command_size=max_command_size, warn=_warn)
+    write_stats(stream, sys.stdout.buffer, warn=_warn, **_given(**options))
 
 
 def _report(exc: BaseException, show_traceback: bool, err: IO[str]) -> None:

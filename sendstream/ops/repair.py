@@ -216,3 +216,17 @@ def repair(
         for event in stream.events(healer.batch, flush_before_read=out):
             healer.event(event)
     return healer
+
+
+def summary_lines(healer: Healer) -> list[str]:
+    """What a repair did: a line for each restart kept, then one with the counts."""
+    lines = [
+        f"restart at offset {r.offset} after {r.commands} complete commands, "
+        f"{r.partial} bytes of a partial command before it"
+        for r in healer.restarts
+    ]
+    count = healer.restart_count
+    lines.append(
+        f"{count} restart{'s' * (count != 1)} repaired; {healer.written} bytes written, {healer.dropped} dropped"
+    )
+    return lines

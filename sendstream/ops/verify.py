@@ -45,6 +45,18 @@ class Report:
         first = min(worse or firsts, key=lambda p: p.offset, default=None)
         return e.EXIT_OK if first is None else first.exit_code
 
+    def summary(self) -> str:
+        """One line: OK or FAILED (how many problems and warnings), then what was read, how fast."""
+        rate = self.bytes / self.seconds / 1e6 if self.seconds else 0.0
+        count, warned = self.problems.total, self.warnings.total
+        status = "OK" if self.ok else f"FAILED ({count} problem{'s' * (count != 1)})"
+        if warned:
+            status += f" ({warned} warning{'s' * (warned != 1)})"
+        return (
+            f"{status}: {self.streams} stream{'s' * (self.streams != 1)}, {self.commands} commands, "
+            f"{self.bytes} bytes in {self.seconds:.3f} s ({rate:.1f} MB/s)"
+        )
+
 
 def _scan(
     mv: memoryview, pos: int, version: int, limit: int, origin: int, unknown: Any

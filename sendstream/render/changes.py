@@ -1,5 +1,5 @@
 """Presentation of ``ls`` and ``diff``: text lines and JSON, pure functions of a subvolume's changes;
-:func:`write_ls` and :func:`write_diff` write those of a whole input."""
+:func:`write_changes` writes those of a whole input."""
 
 from __future__ import annotations
 
@@ -160,41 +160,29 @@ def json_line(obj: dict[str, Any]) -> bytes:
 _Subvolumes = Iterator[tuple[SubvolumeChanges, bool]]
 
 
-def write_ls(
+def write_changes(
     source: StreamSource,
     out: BinaryIO,
     *,
+    diff: bool = False,
     as_json: bool = False,
     max_names: int = MAX_NAMES,
     max_held: int = MAX_HELD,
     max_command_size: int | None = None,
     warn: Warn | None = None,
 ) -> None:
-    """Write every path the stream at ``source`` touches to ``out`` (:func:`ls_lines`,
-    under a ``== SUBVOLUME ==`` line when there are several), or a JSON line per subvolume.
-    The limits are :class:`~sendstream.analysis.changes.ChangeTracker`'s; problems go to ``warn``."""
+    """Write every path the stream at ``source`` touches to ``out`` (:func:`ls_lines`), or with
+    ``diff`` what the incremental stream changes against its parent (:func:`diff_lines`; a full
+    stream is told to ``warn``): under a ``== SUBVOLUME ==`` line when there are several, or a
+    JSON line per subvolume. The limits are :class:`~sendstream.analysis.changes.ChangeTracker`'s;
+    problems go to ``warn``."""
     subvolumes = read_changes(
         source, max_names=max_names, max_held=max_held, max_command_size=max_command_size, warn=warn
     )
-    _write(subvolumes, out, ls_json_pieces if as_json else None, ls_lines)
-
-
-def write_diff(
-    source: StreamSource,
-    out: BinaryIO,
-    *,
-    as_json: bool = False,
-    max_names: int = MAX_NAMES,
-    max_held: int = MAX_HELD,
-    max_command_size: int | None = None,
-    warn: Warn | None = None,
-) -> None:
-    """Write what the incremental stream at ``source`` changes to ``out`` (:func:`diff_lines`),
-    or a JSON line per subvolume; as :func:`write_ls`, and a full stream is told to ``warn``."""
-    subvolumes = read_changes(
-        source, max_names=max_names, max_held=max_held, max_command_size=max_command_size, warn=warn
-    )
-    _write(_full_told(subvolumes, warn), out, diff_json_pieces if as_json else None, lambda r: diff_lines(r.diff()))
+    if diff:
+        _write(_full_told(subvolumes, warn), out, diff_json_pieces if as_json else None, lambda r: diff_lines(r.diff()))
+    else:
+        _write(subvolumes, out, ls_json_pieces if as_json else None, ls_lines)
 
 
 def _full_told(subvolumes: _Subvolumes, warn: Warn | None) -> _Subvolumes:
