@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, BinaryIO
 
 import click
@@ -16,16 +16,14 @@ import click
 from . import __version__
 from . import errors as e
 from .codec.crc import IMPLEMENTATION
-from .codec.events import Restart
-from .codec.framer import Framer
 from .codec.limits import MAX_COMMAND_SIZE
 from .codec.native import PATH
-from .format.command import Command
 from .format.layout import MAX_VERSION
-from .io.outputs import atomic_output, is_special
-from .io.windows import FlushBeforeRead, file_events, is_regular, open_input
+from .io.framed import tell_problems
+from .io.outputs import is_special
+from .io.windows import open_input
 from .net import tls
-from .ops.verify import Report, find_headers, verify_file
+from .ops.verify import Report, find_headers
 
 if TYPE_CHECKING:
     from .net.address import Listening
@@ -40,40 +38,51 @@ if TYPE_CHECKING:
 # package is light until a connection loads its library (see net.tls.connect).
 
 
-def _max_size_option(f: Any) -> Any:
-    return click.option(
-        "--max-command-size",
-        type=click.IntRange(min=1, max=MAX_COMMAND_SIZE),
-        default=None,
-        metavar="BYTES",
-        help="Largest command payload accepted (default: the kernel's limit for the stream's version; "
-        f"at most {MAX_COMMAND_SIZE >> 20} MiB, which one command may take in memory).",
-    )(f)
+def _options(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Several decorators as one, in the order they are written (the top one first, as when stacked)."""
+
+    def decorate(f: Any) -> Any:
+        for option in reversed(decorators):
+            f = option(f)
+        return f
+
+    return decorate
 
 
-def _tracker_options(f: Any) -> Any:
-    """--max-names and --max-held, for the commands that follow names to the end of a subvolume
-    (None: the defaults of sendstream.paths, loaded only when the command runs)."""
-    f = click.option(
-        "--max-held",
-        type=click.IntRange(min=1),
-        default=None,
-        metavar="BYTES",
-        help="Most bytes of results held until a subvolume ends: records, changes, their paths (default: 64 MiB).",
-    )(f)
-    return click.option(
+def _given(**options: Any) -> dict[str, Any]:
+    """The options given, by the names of the library's arguments: for the others (None) its defaults stand."""
+    return {name: value for name, value in options.items() if value is not None}
+
+
+def _json_option(one_per: str) -> Callable[[Any], Any]:
+    return click.option("--json", "as_json", is_flag=True, help=f"JSON lines: one object per {one_per}.")
+
+
+_stream_argument = click.argument("stream", default="-")
+_in_out_arguments = _options(click.argument("source", metavar="IN"), click.argument("target", metavar="OUT"))
+_summary_option = click.option("-q", "--quiet", is_flag=True, help="No summary line.")
+_max_size_option = click.option(
+    "--max-command-size",
+    type=click.IntRange(min=1, max=MAX_COMMAND_SIZE),
+    metavar="BYTES",
+    help="Largest command payload accepted (default: the kernel's limit for the stream's version; "
+    f"at most {MAX_COMMAND_SIZE >> 20} MiB, which one command may take in memory).",
+)
+# for the commands that follow names to the end of a subvolume
+_tracker_options = _options(
+    click.option(
         "--max-names",
         type=click.IntRange(min=1),
-        default=None,
         metavar="N",
         help="Most names followed in one subvolume; every directory above a path counts (default: 400,000).",
-    )(f)
-
-
-def _tracker_limits(max_names: int | None, max_held: int | None) -> dict[str, int]:
-    from .analysis.paths import MAX_HELD, MAX_NAMES
-
-    return {"max_names": max_names or MAX_NAMES, "max_held": max_held or MAX_HELD}
+    ),
+    click.option(
+        "--max-held",
+        type=click.IntRange(min=1),
+        metavar="BYTES",
+        help="Most bytes of results held until a subvolume ends: records, changes, their paths (default: 64 MiB).",
+    ),
+)
 
 
 def _tls_options(leg: str = "", of: str = "") -> Callable[[Any], Any]:
@@ -205,51 +214,34 @@ def cli(ctx: click.Context, show_traceback: bool) -> None:
     ctx.obj = {"traceback": show_traceback}
 
 
-def _warn(problems: e.ProblemLog, shown: int = 0, *, final: bool = True, skip: tuple[type, ...] = ()) -> int:
-    """Print the kept problems from ``shown`` on (not those of the ``skip`` types);
-    when ``final``, say how many more there were."""
-    for problem in problems[shown:]:
-        if not isinstance(problem, skip):
-            click.echo(f"sendstream: warning: {problem}", err=True)
-    if final and problems.dropped:
-        click.echo(f"sendstream: warning: {problems.dropped} more problems not shown", err=True)
-    return len(problems)
+def _warn(message: str) -> None:
+    click.echo(f"sendstream: warning: {message}", err=True)
+
+
+def _error(message: str) -> None:
+    click.echo(f"sendstream: error: {message}", err=True)
 
 
 @cli.command()
-@click.argument("stream", default="-")
-@click.option("--json", "as_json", is_flag=True, help="JSON lines: one object per command.")
+@_stream_argument
+@_json_option("command")
 @click.option("--strict", is_flag=True, help="Reject commands and attributes unknown to the stream's version.")
 @_max_size_option
-def dump(stream: str, as_json: bool, strict: bool, max_command_size: int | None) -> None:
+def dump(stream: str, **options: Any) -> None:
     """Print every command of STREAM (a file or -), like `btrfs receive --dump`."""
-    from .render.dump import TextDumper, json_line
+    from .render.dump import dump as write_dump
 
-    out = sys.stdout.buffer
-    framer = Framer(strict=strict, max_command_size=max_command_size)
-    text = TextDumper()
-    batch = None if as_json else text.native_batch(out)
-    warned = 0
-    with open_input(stream) as source:
-        try:
-            for event in file_events(source, framer, batch):
-                if isinstance(event, Command):
-                    out.write(json_line(event, framer.streams) if as_json else text.line(event))
-                    if len(framer.problems) > warned:
-                        warned = _warn(framer.problems, warned, final=False)
-        finally:
-            out.flush()
-    _warn(framer.problems, warned)
+    write_dump(stream, sys.stdout.buffer, warn=_warn, **_given(**options))
 
 
 @cli.command()
-@click.argument("stream", default="-")
+@_stream_argument
 @click.option("--keep-going", is_flag=True, help="Report every problem, not only the first.")
 @click.option("--scan", is_flag=True, help="Only list every stream header in STREAM, wherever it is.")
 @click.option("--from-socket", "address", metavar="HOST:PORT", help="Listen there and verify what one sender sends.")
 @_tls_options()
 @_listen_timeout_options(30.0)
-@click.option("-q", "--quiet", is_flag=True, help="No summary line.")
+@_summary_option
 @click.option("-v", "--verbose", is_flag=True, help="Say which verifier and CRC implementation ran.")
 @_max_size_option
 def verify(
@@ -270,8 +262,7 @@ def verify(
     if verbose:
         click.echo(f"sendstream: verifier: {PATH}; crc32c: {IMPLEMENTATION}", err=True)
     if scan:
-        with open_input(stream) as source:
-            headers = list(find_headers(source))
+        headers = list(find_headers(stream))
         for offset, version in headers:
             valid = "" if 1 <= version <= MAX_VERSION else " (not a valid version)"
             click.echo(f"offset {offset}: stream header, version {version}{valid}")
@@ -283,33 +274,21 @@ def verify(
             address, mode, key_file, identity, timeout, idle_timeout, keep_going, max_command_size, verbose
         )
     else:
-        with open_input(stream) as source:
-            report = verify_file(source, keep_going=keep_going, max_command_size=max_command_size)
-    for problem in report.problems:
-        click.echo(f"sendstream: error: {problem}", err=True)
-    if report.problems.dropped:
-        click.echo(f"sendstream: error: {report.problems.dropped} more problems not shown", err=True)
-    _warn(report.warnings)
+        from .ops.verify import verify as verify_input
+
+        report = verify_input(stream, keep_going=keep_going, max_command_size=max_command_size)
+    tell_problems(report.problems, _error)
+    tell_problems(report.warnings, _warn)
     if not quiet:
-        rate = report.bytes / report.seconds / 1e6 if report.seconds else 0.0
-        count, warned = report.problems.total, report.warnings.total
-        status = "OK" if report.ok else f"FAILED ({count} problem{'s' * (count != 1)})"
-        if warned:
-            status += f" ({warned} warning{'s' * (warned != 1)})"
-        click.echo(
-            f"{status}: {report.streams} stream{'s' * (report.streams != 1)}, {report.commands} commands, "
-            f"{report.bytes} bytes in {report.seconds:.3f} s ({rate:.1f} MB/s)"
-        )
+        click.echo(report.summary())
     sys.exit(report.exit_code)
 
 
 @cli.command()
-@click.argument("source", metavar="IN")
-@click.argument("target", metavar="OUT")
+@_in_out_arguments
 @click.option(
     "--to-version",
     type=click.IntRange(1, 1),
-    default=None,
     metavar="1",
     help="Write a v1 stream for an older btrfs receive: ENCODED_WRITE decompressed into WRITEs, "
     "FALLOCATE as WRITEs of zeros, FILEATTR and ENABLE_VERITY dropped with a warning.",
@@ -317,7 +296,6 @@ def verify(
 @click.option(
     "--max-zero-fill",
     type=click.IntRange(min=0),
-    default=None,
     metavar="BYTES",
     help="With --to-version 1: most bytes of zeros written for holes in all (default: 1 GiB).",
 )
@@ -342,54 +320,20 @@ def convert(
     With no options the output is byte-identical to a valid input. A file
     OUT appears only when the whole input was read without error.
     """
-    downgrader = None
-    if to_version is not None:
-        from .analysis.paths import MAX_NAMES
-        from .ops.downgrade import MAX_ZERO_FILL, Downgrader
-
-        downgrader = Downgrader(
-            warn=lambda message: click.echo(f"sendstream: warning: {message}", err=True),
-            max_zero_fill=MAX_ZERO_FILL if max_zero_fill is None else max_zero_fill,
-            max_names=max_names or MAX_NAMES,
-        )
-    elif max_zero_fill is not None or max_names is not None:
+    if to_version is None and (max_zero_fill is not None or max_names is not None):
         raise click.UsageError("--max-zero-fill and --max-names go with --to-version 1")
-    from .codec.encoder import Encoder
+    from .ops.convert import convert as write_converted
 
-    encoder = Encoder()
-    framer = Framer(max_command_size=max_command_size)
-    with open_input(source) as inp, atomic_output(target) as out:
-        for event in file_events(inp, framer):
-            if isinstance(event, Restart):
-                raise event.error(framer.commands)
-            if downgrader is None:
-                out.write(encoder.send(event))
-            else:
-                for converted in downgrader.events(event):
-                    out.write(encoder.send(converted))
-    _warn(framer.problems)
-
-
-def _subvolume_changes(
-    stream: str, max_command_size: int | None, max_names: int | None, max_held: int | None
-) -> Iterator[tuple[Any, bool]]:
-    """Each subvolume's changes as soon as they are known, and whether there are several."""
-    from .analysis.changes import each_subvolume
-
-    framer = Framer(max_command_size=max_command_size)
-    with open_input(stream) as source:
-        yield from each_subvolume(file_events(source, framer), **_tracker_limits(max_names, max_held))
-    _warn(framer.problems)
+    limits = _given(max_zero_fill=max_zero_fill, max_names=max_names)
+    write_converted(source, target, to_version=to_version, max_command_size=max_command_size, warn=_warn, **limits)
 
 
 @cli.command(name="ls")
-@click.argument("stream", default="-")
-@click.option("--json", "as_json", is_flag=True, help="JSON lines: one object per subvolume.")
+@_stream_argument
+@_json_option("subvolume")
 @_tracker_options
 @_max_size_option
-def ls_command(
-    stream: str, as_json: bool, max_names: int | None, max_held: int | None, max_command_size: int | None
-) -> None:
+def ls_command(stream: str, **options: Any) -> None:
     """List every path STREAM (a file or -) touches, with the kind of change.
 
     One line per name, under its final path: created, linked (a new hard
@@ -398,27 +342,17 @@ def ls_command(
     btrfs' temporary names never show: a file created as o257-5-0 and
     renamed into place is `created` at its final path.
     """
-    from .render.changes import ls_json_pieces, ls_lines
+    from .render.changes import write_changes
 
-    out = sys.stdout.buffer
-    try:
-        for result, several in _subvolume_changes(stream, max_command_size, max_names, max_held):
-            if as_json:
-                out.writelines(ls_json_pieces(result))
-                continue
-            if several:
-                out.write(b"== " + (result.subvolume or b"-") + b" ==\n")
-            out.writelines(ls_lines(result))
-    finally:
-        out.flush()
+    write_changes(stream, sys.stdout.buffer, warn=_warn, **_given(**options))
 
 
 @cli.command()
-@click.argument("stream", default="-")
-@click.option("--json", "as_json", is_flag=True, help="JSON lines: one object per subvolume.")
+@_stream_argument
+@_json_option("subvolume")
 @_tracker_options
 @_max_size_option
-def diff(stream: str, as_json: bool, max_names: int | None, max_held: int | None, max_command_size: int | None) -> None:
+def diff(stream: str, **options: Any) -> None:
     """What the incremental STREAM (a file or -) changes against its parent.
 
     Text, as `git diff --name-status`: A added (a new hard link says to
@@ -427,22 +361,9 @@ def diff(stream: str, as_json: bool, max_names: int | None, max_held: int | None
     [data mode,owner,times,xattrs,fileattr]. --json: added, removed,
     renamed (from, to), modified, metadata.
     """
-    from .render.changes import diff_json_pieces, diff_lines
+    from .render.changes import write_changes
 
-    out = sys.stdout.buffer
-    try:
-        for result, several in _subvolume_changes(stream, max_command_size, max_names, max_held):
-            if not result.incremental:
-                name = (result.subvolume or b"-").decode(errors="replace")
-                click.echo(f"sendstream: warning: {name} is a full stream: everything is added", err=True)
-            if as_json:
-                out.writelines(diff_json_pieces(result))
-                continue
-            if several:
-                out.write(b"== " + (result.subvolume or b"-") + b" ==\n")
-            out.writelines(diff_lines(result.diff()))
-    finally:
-        out.flush()
+    write_changes(stream, sys.stdout.buffer, diff=True, warn=_warn, **_given(**options))
 
 
 def _verify_from_socket(
@@ -486,10 +407,9 @@ def _listening(
 
 
 @cli.command()
-@click.argument("source", metavar="IN")
-@click.argument("target", metavar="OUT")
+@_in_out_arguments
 @click.option("--keep-last", is_flag=True, help="Keep only what follows the last restart (OUT must be seekable).")
-@click.option("-q", "--quiet", is_flag=True, help="No summary line.")
+@_summary_option
 @_max_size_option
 def repair(source: str, target: str, keep_last: bool, quiet: bool, max_command_size: int | None) -> None:
     """Write the clean stream of IN (a restarted `btrfs send`) to OUT (- for stdin/stdout).
@@ -499,35 +419,12 @@ def repair(source: str, target: str, keep_last: bool, quiet: bool, max_command_s
     they are dropped with the partial command before the restart. A file OUT
     appears only when the whole input was repaired.
     """
-    from .ops.repair import Healer
+    from .ops.repair import repair as write_repaired
+    from .ops.repair import summary_lines
 
-    framer = Framer(max_command_size=max_command_size)
-    with open_input(source) as inp, atomic_output(target) as out:
-        if keep_last and not out.seekable():
-            raise e.UsageError("--keep-last needs OUT to be a file")
-
-        def truncate(offset: int) -> None:
-            out.flush()
-            out.seek(offset)
-            out.truncate(offset)
-
-        healer = Healer(out.write, keep_last=keep_last, truncate=truncate if keep_last else None)
-        reader = inp if is_regular(inp) else FlushBeforeRead(inp, out)
-        for event in file_events(reader, framer, healer.batch):  # type: ignore[arg-type]
-            healer.event(event)
-    _warn(framer.problems, skip=(e.StreamRestarted,))
+    healer = write_repaired(source, target, keep_last=keep_last, max_command_size=max_command_size, warn=_warn)
     if not quiet:
-        for r in healer.restarts:
-            click.echo(
-                f"sendstream: restart at offset {r.offset} after {r.commands} complete commands, "
-                f"{r.partial} bytes of a partial command before it",
-                err=True,
-            )
-        click.echo(
-            f"sendstream: {healer.restart_count} restart{'s' * (healer.restart_count != 1)} repaired; "
-            f"{healer.written} bytes written, {healer.dropped} dropped",
-            err=True,
-        )
+        click.echo("\n".join(f"sendstream: {line}" for line in summary_lines(healer)), err=True)
 
 
 def _psk(mode: str, key_file: str | None, identity: str, leg: str = "") -> bytes | None:
@@ -829,22 +726,13 @@ def relay(
 @click.option(
     "--max-clone-copy",
     type=click.IntRange(min=0),
-    default=None,
     metavar="BYTES",
     help="Most bytes of data that clones (and copies of parents, with --per-subvolume) may copy in all "
     "where DIR's file system cannot reflink (default: 64 GiB).",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No warnings about skipped commands and no summary.")
 @_max_size_option
-def extract(
-    stream: str,
-    directory: str,
-    clone_from: tuple[str, ...],
-    per_subvolume: bool,
-    max_clone_copy: int | None,
-    quiet: bool,
-    max_command_size: int | None,
-) -> None:
+def extract(stream: str, directory: str, clone_from: tuple[str, ...], quiet: bool, **options: Any) -> None:
     """Apply STREAM (a file or -) to DIR in user space, without btrfs.
 
     A full stream needs an empty DIR, which becomes the subvolume; an
@@ -854,39 +742,24 @@ def extract(
     cannot apply here (fileattr, --no-data extents, xattrs or devices the
     file system or user may not have) are skipped with a warning.
     """
-    from .extract import MAX_CLONE_COPY, Extractor, parse_clone_from
+    from .extract import extract as extract_stream
+    from .extract import parse_clone_from
 
     sources, dirs = parse_clone_from(clone_from)
-    framer = Framer(max_command_size=max_command_size)
-    with (
-        open_input(stream) as source,
-        Extractor(
-            directory,
-            clone_sources=sources,
-            clone_dirs=dirs,
-            per_subvolume=per_subvolume,
-            max_clone_copy=MAX_CLONE_COPY if max_clone_copy is None else max_clone_copy,
-        ) as extractor,
-    ):
-        for event in file_events(source, framer):
-            extractor.event(event)
-    _warn(framer.problems)
+    report = extract_stream(stream, directory, clone_sources=sources, clone_dirs=dirs, warn=_warn, **_given(**options))
     if not quiet:
-        report = extractor.report
         for group in report.skip_groups():
             more = f" (and {group.count - 1} more {'of other kinds' if group.other else 'like it'})"
-            click.echo(f"sendstream: warning: skipped: {group.kept[0]}{more if group.count > 1 else ''}", err=True)
+            _warn(f"skipped: {group.kept[0]}{more if group.count > 1 else ''}")
         click.echo(f"sendstream: {report.summary()}", err=True)
 
 
 @cli.command()
-@click.argument("stream", default="-")
-@click.option("--json", "as_json", is_flag=True, help="JSON lines: one object per command.")
+@_stream_argument
+@_json_option("command")
 @_tracker_options
 @_max_size_option
-def paths(
-    stream: str, as_json: bool, max_names: int | None, max_held: int | None, max_command_size: int | None
-) -> None:
+def paths(stream: str, **options: Any) -> None:
     """Print each command of STREAM (a file or -) with the final path it affects.
 
     btrfs send makes files under temporary names (o<ino>-<gen>-<seq>) and
@@ -896,36 +769,19 @@ def paths(
     comes when its END is read; a command without a path (one the library
     does not know) is printed at once.
     """
-    from .analysis.resolve import resolve
-    from .render.paths import record_json_line, record_line
+    from .render.paths import write_paths
 
-    out = sys.stdout.buffer
-    framer = Framer(max_command_size=max_command_size)
-    line = record_json_line if as_json else record_line
-    with open_input(stream) as source:
-        try:
-            for record in resolve(file_events(source, framer), **_tracker_limits(max_names, max_held)):
-                out.write(line(record))
-        finally:
-            out.flush()
-    _warn(framer.problems)
+    write_paths(stream, sys.stdout.buffer, warn=_warn, **_given(**options))
 
 
 @cli.command()
-@click.argument("stream", default="-")
+@_stream_argument
 @_max_size_option
-def stats(stream: str, max_command_size: int | None) -> None:
+def stats(stream: str, **options: Any) -> None:
     """Count commands and bytes per command kind in each stream of STREAM (a file or -)."""
-    from .analysis.statistics import Statistics
-    from .render.paths import statistics_lines
+    from .render.paths import write_stats
 
-    framer = Framer(max_command_size=max_command_size)
-    statistics = Statistics()
-    with open_input(stream) as source:
-        for event in file_events(source, framer):
-            statistics.feed(event)
-    click.echo("\n".join(statistics_lines(statistics)))
-    _warn(framer.problems)
+    write_stats(stream, sys.stdout.buffer, warn=_warn, **_given(**options))
 
 
 def _report(exc: BaseException, show_traceback: bool, err: IO[str]) -> None:

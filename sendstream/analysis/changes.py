@@ -36,8 +36,9 @@ kinds of pre-existing files are known only when a command shows them
 
 Memory: the names of one subvolume (``max_names``, see :mod:`sendstream.paths`)
 and its changes, whose paths count against ``max_held`` bytes; a subvolume's
-changes are handed out when it ends (:func:`each_subvolume`), and the
-presentation functions write them one at a time.
+changes are handed out when it ends (:func:`each_subvolume`, or
+:func:`read_changes` from an input), and the presentation functions write
+them one at a time.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from typing import Any, NamedTuple
 from .. import errors as e
 from ..codec.events import EndOfInput, Restart
 from ..format.command import Command
+from ..io.framed import FramedInput, StreamSource, Warn
 from .paths import MAX_HELD, MAX_NAMES, Inode, PathTracker, limit_error
 
 DATA_COMMANDS = frozenset({"write", "encoded_write", "clone", "truncate", "fallocate", "update_extent"})
@@ -313,3 +315,16 @@ def changes(
     """The changes of every subvolume of ``events`` (e.g. :func:`sendstream.files.file_events`)."""
     for result, _ in each_subvolume(events, max_names=max_names, max_held=max_held):
         yield result
+
+
+def read_changes(
+    source: StreamSource,
+    *,
+    max_names: int = MAX_NAMES,
+    max_held: int = MAX_HELD,
+    max_command_size: int | None = None,
+    warn: Warn | None = None,
+) -> Iterator[tuple[SubvolumeChanges, bool]]:
+    """:func:`each_subvolume` of the stream at ``source``; its problems go to ``warn`` once it is read."""
+    with FramedInput(source, max_command_size=max_command_size, warn=warn) as stream:
+        yield from each_subvolume(stream.events(), max_names=max_names, max_held=max_held)

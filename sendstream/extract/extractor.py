@@ -7,14 +7,14 @@ import functools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, TypeVar
 from uuid import UUID
 
 from ..codec.compression import MAX_UNENCODED
 from ..codec.events import EndOfInput, Restart
 from ..errors import ApplyError, BadCommand, ExtractError, LimitExceeded
 from ..format.command import Command
-from ..io.windows import file_events
+from ..io.framed import FramedInput, StreamSource, Warn
 from .copy import MAX_CLONE_COPY, CopyBudget, copy_parent
 from .data import DataHandlers
 from .report import ExtractReport, Skipped, Subvolume
@@ -227,7 +227,7 @@ def _locate(exc: _Located, cmd: Command, path: Any) -> _Located:
 
 
 def extract(
-    source: BinaryIO,
+    source: StreamSource,
     dest: str | os.PathLike[str],
     *,
     clone_sources: Mapping[UUID, str | os.PathLike[str]] | None = None,
@@ -236,19 +236,25 @@ def extract(
     max_clone_copy: int = MAX_CLONE_COPY,
     on_skip: Callable[[Skipped], None] | None = None,
     events: Iterable[Any] | None = None,
+    max_command_size: int | None = None,
+    warn: Warn | None = None,
 ) -> ExtractReport:
-    """Apply every stream of ``source`` to ``dest``; see :class:`Extractor`.
+    """Apply every stream of ``source`` (a path, ``-``, or a binary file) to ``dest``;
+    see :class:`Extractor`. The input's problems go to ``warn`` once it is applied.
 
     ``events`` replaces reading ``source`` (e.g. a Decoder's events).
     """
-    with Extractor(
-        dest,
-        clone_sources=clone_sources,
-        clone_dirs=clone_dirs,
-        per_subvolume=per_subvolume,
-        max_clone_copy=max_clone_copy,
-        on_skip=on_skip,
-    ) as extractor:
-        for event in events if events is not None else file_events(source):
+    with (
+        FramedInput(source, max_command_size=max_command_size, warn=warn) as stream,
+        Extractor(
+            dest,
+            clone_sources=clone_sources,
+            clone_dirs=clone_dirs,
+            per_subvolume=per_subvolume,
+            max_clone_copy=max_clone_copy,
+            on_skip=on_skip,
+        ) as extractor,
+    ):
+        for event in events if events is not None else stream.events():
             extractor.event(event)
-        return extractor.report
+    return extractor.report

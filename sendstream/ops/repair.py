@@ -7,7 +7,8 @@ follow what was written, often after part of a command (FORMAT.md).
 a restart it compares every replayed command with the length and CRC of the
 one handed out before, drops the duplicates and the partial command, and
 carries on where the stream stopped. It keeps 8 bytes per command, never
-the commands themselves. No file or socket inside: bytes go to ``write``.
+the commands themselves. No file or socket inside: bytes go to ``write``;
+:func:`repair` runs one from an input to an output file.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from ..codec.native import NATIVE, native_scan
 from ..codec.scan import Batch
 from ..format.command import Command
 from ..format.layout import COMMAND_HEADER_SIZE, command_name
+from ..io.framed import FramedInput, StreamSource, Warn
+from ..io.outputs import atomic_output
 
 if TYPE_CHECKING:
     from .ledger import Ledger
@@ -180,3 +183,50 @@ class Healer:
             self._crcs = array("I")
         elif len(self._lens):
             self._replay = 0
+
+
+def repair(
+    source: StreamSource,
+    target: str,
+    *,
+    keep_last: bool = False,
+    max_command_size: int | None = None,
+    warn: Warn | None = None,
+) -> Healer:
+    """Write the clean stream of ``source`` (a restarted ``btrfs send``) to the file ``target``
+    (``-``: standard output), which appears only when the whole input was repaired.
+
+    With ``keep_last`` only what follows the last restart is kept (``target`` must be
+    seekable). The input's problems go to ``warn``, its restarts are in the healer returned.
+    """
+    skip = (e.StreamRestarted,)  # told in the healer's restarts
+    with (
+        FramedInput(source, max_command_size=max_command_size, warn=warn, skip=skip) as stream,
+        atomic_output(target) as out,
+    ):
+        if keep_last and not out.seekable():
+            raise e.UsageError("--keep-last needs OUT to be a file")
+
+        def truncate(offset: int) -> None:
+            out.flush()
+            out.seek(offset)
+            out.truncate(offset)
+
+        healer = Healer(out.write, keep_last=keep_last, truncate=truncate if keep_last else None)
+        for event in stream.events(healer.batch, flush_before_read=out):
+            healer.event(event)
+    return healer
+
+
+def summary_lines(healer: Healer) -> list[str]:
+    """What a repair did: a line for each restart kept, then one with the counts."""
+    lines = [
+        f"restart at offset {r.offset} after {r.commands} complete commands, "
+        f"{r.partial} bytes of a partial command before it"
+        for r in healer.restarts
+    ]
+    count = healer.restart_count
+    lines.append(
+        f"{count} restart{'s' * (count != 1)} repaired; {healer.written} bytes written, {healer.dropped} dropped"
+    )
+    return lines

@@ -1,6 +1,6 @@
 """Whole-buffer verification of send streams.
 
-Input comes in windows (:mod:`sendstream.files`: mapped page cache for a
+Input comes in windows (:mod:`sendstream.io.windows`: mapped page cache for a
 regular file, a reused page-aligned buffer for a pipe) and every complete
 command in a window is framed and checked in one call of the native scanner
 (:func:`sendstream.native.native_scan`, driven by :func:`sendstream.scan.run_batch`).
@@ -17,6 +17,7 @@ from .. import errors as e
 from ..codec.framer import Framer
 from ..codec.native import NATIVE, native_scan
 from ..format.layout import STREAM_HEADER_SIZE, STREAM_MAGIC
+from ..io.framed import StreamSource, opened
 from ..io.windows import file_events, windows_for
 
 
@@ -44,6 +45,18 @@ class Report:
         first = min(worse or firsts, key=lambda p: p.offset, default=None)
         return e.EXIT_OK if first is None else first.exit_code
 
+    def summary(self) -> str:
+        """One line: OK or FAILED (how many problems and warnings), then what was read, how fast."""
+        rate = self.bytes / self.seconds / 1e6 if self.seconds else 0.0
+        count, warned = self.problems.total, self.warnings.total
+        status = "OK" if self.ok else f"FAILED ({count} problem{'s' * (count != 1)})"
+        if warned:
+            status += f" ({warned} warning{'s' * (warned != 1)})"
+        return (
+            f"{status}: {self.streams} stream{'s' * (self.streams != 1)}, {self.commands} commands, "
+            f"{self.bytes} bytes in {self.seconds:.3f} s ({rate:.1f} MB/s)"
+        )
+
 
 def _scan(
     mv: memoryview, pos: int, version: int, limit: int, origin: int, unknown: Any
@@ -68,9 +81,20 @@ def verify_file(source: BinaryIO, *, keep_going: bool = False, max_command_size:
     return Report(framer.streams, framer.commands, framer.bytes, seconds, framer.problems, framer.warnings)
 
 
-def find_headers(source: BinaryIO) -> Iterator[tuple[int, int]]:
+def verify(source: StreamSource, *, keep_going: bool = False, max_command_size: int | None = None) -> Report:
+    """Verify the stream at ``source`` (a path, ``-``, or a binary file); see :func:`verify_file`."""
+    with opened(source) as f:
+        return verify_file(f, keep_going=keep_going, max_command_size=max_command_size)
+
+
+def find_headers(source: StreamSource) -> Iterator[tuple[int, int]]:
     """Every ``btrfs-stream`` header in ``source``: ``(offset, version)``,
     wherever it is, to resynchronise on a damaged input."""
+    with opened(source) as f:
+        yield from _headers(f)
+
+
+def _headers(source: BinaryIO) -> Iterator[tuple[int, int]]:
     windows = windows_for(source)
     pos = need = 0
     while True:

@@ -1,13 +1,16 @@
-"""Presentation of ``ls`` and ``diff``: text lines and JSON, pure functions of a subvolume's changes."""
+"""Presentation of ``ls`` and ``diff``: text lines and JSON, pure functions of a subvolume's changes;
+:func:`write_changes` writes those of a whole input."""
 
 from __future__ import annotations
 
 import heapq
 import json
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, BinaryIO
 
-from ..analysis.changes import Change, Diff, SubvolumeChanges
+from ..analysis.changes import Change, Diff, SubvolumeChanges, read_changes
+from ..analysis.paths import MAX_HELD, MAX_NAMES
+from ..io.framed import StreamSource, Warn
 from .dump import escape, json_bytes
 
 
@@ -152,3 +155,57 @@ def _json_pieces(head: dict[str, Any], lists: _Lists) -> Iterator[bytes]:
 def json_line(obj: dict[str, Any]) -> bytes:
     """One object as a line of JSON."""
     return _dumps(obj).encode() + b"\n"
+
+
+_Subvolumes = Iterator[tuple[SubvolumeChanges, bool]]
+
+
+def write_changes(
+    source: StreamSource,
+    out: BinaryIO,
+    *,
+    diff: bool = False,
+    as_json: bool = False,
+    max_names: int = MAX_NAMES,
+    max_held: int = MAX_HELD,
+    max_command_size: int | None = None,
+    warn: Warn | None = None,
+) -> None:
+    """Write every path the stream at ``source`` touches to ``out`` (:func:`ls_lines`), or with
+    ``diff`` what the incremental stream changes against its parent (:func:`diff_lines`; a full
+    stream is told to ``warn``): under a ``== SUBVOLUME ==`` line when there are several, or a
+    JSON line per subvolume. The limits are :class:`~sendstream.analysis.changes.ChangeTracker`'s;
+    problems go to ``warn``."""
+    subvolumes = read_changes(
+        source, max_names=max_names, max_held=max_held, max_command_size=max_command_size, warn=warn
+    )
+    if diff:
+        _write(_full_told(subvolumes, warn), out, diff_json_pieces if as_json else None, lambda r: diff_lines(r.diff()))
+    else:
+        _write(subvolumes, out, ls_json_pieces if as_json else None, ls_lines)
+
+
+def _full_told(subvolumes: _Subvolumes, warn: Warn | None) -> _Subvolumes:
+    for result, several in subvolumes:
+        if not result.incremental and warn is not None:
+            name = (result.subvolume or b"-").decode(errors="replace")
+            warn(f"{name} is a full stream: everything is added")
+        yield result, several
+
+
+def _write(
+    subvolumes: _Subvolumes,
+    out: BinaryIO,
+    json_pieces: Callable[[SubvolumeChanges], Iterator[bytes]] | None,
+    lines: Callable[[SubvolumeChanges], Iterator[bytes]],
+) -> None:
+    try:
+        for result, several in subvolumes:
+            if json_pieces is not None:
+                out.writelines(json_pieces(result))
+                continue
+            if several:
+                out.write(b"== " + (result.subvolume or b"-") + b" ==\n")
+            out.writelines(lines(result))
+    finally:
+        out.flush()

@@ -1,7 +1,8 @@
 """Presentation: ``btrfs receive --dump`` text and JSON lines.
 
 Both are pure functions of a command (plus, for the text, the subvolume
-path that earlier subvol/snapshot commands set), so the CLI only writes.
+path that earlier subvol/snapshot commands set); :func:`dump` writes those
+of a whole input.
 The text follows btrfs-progs 6.2 ``cmds/receive-dump.c`` byte for byte, with
 two deliberate differences: xattr data is escaped like paths instead of
 printed raw, and every stream of a concatenated input is dumped.
@@ -23,6 +24,7 @@ from ..codec.scan import Batch
 from ..format.command import Command
 from ..format.layout import MAX_VERSION, attribute_name, attribute_spec, decode_value
 from ..format.layout import A as _A
+from ..io.framed import FramedInput, StreamSource, Warn
 
 _TEXT_BATCH = 1 << 20
 
@@ -281,3 +283,27 @@ def json_object(cmd: Command, stream: int) -> dict[str, Any]:
 
 def json_line(cmd: Command, stream: int) -> bytes:
     return json.dumps(json_object(cmd, stream), separators=(",", ":")).encode() + b"\n"
+
+
+def dump(
+    source: StreamSource,
+    out: BinaryIO,
+    *,
+    as_json: bool = False,
+    strict: bool = False,
+    max_command_size: int | None = None,
+    warn: Warn | None = None,
+) -> None:
+    """Write every command of the stream at ``source`` to ``out``: ``btrfs receive --dump``
+    text, or with ``as_json`` a JSON line each. ``strict`` rejects commands and
+    attributes unknown to the stream's version; problems go to ``warn`` as they are found."""
+    text = TextDumper()
+    batch = None if as_json else text.native_batch(out)
+    with FramedInput(source, strict=strict, max_command_size=max_command_size, warn=warn) as stream:
+        try:
+            for event in stream.events(batch):
+                if isinstance(event, Command):
+                    out.write(json_line(event, stream.framer.streams) if as_json else text.line(event))
+                    stream.tell()
+        finally:
+            out.flush()

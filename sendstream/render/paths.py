@@ -1,12 +1,15 @@
-"""Presentation of ``paths`` and ``stats``: text and JSON lines, pure functions of the records."""
+"""Presentation of ``paths`` and ``stats``: text and JSON lines, pure functions of the records;
+:func:`write_paths` and :func:`write_stats` write those of a whole input."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, BinaryIO
 
-from ..analysis.resolve import CommandPaths
+from ..analysis.paths import MAX_HELD, MAX_NAMES
+from ..analysis.resolve import CommandPaths, resolve
 from ..analysis.statistics import Statistics
+from ..io.framed import FramedInput, StreamSource, Warn
 from .dump import escape, json_bytes
 
 
@@ -65,3 +68,37 @@ def statistics_lines(statistics: Statistics) -> list[str]:
         t = s.total
         lines.append(f"  {'total':<14} {t.count:>8} {t.wire_bytes:>14} {t.data_bytes:>14} {t.file_bytes:>14}")
     return lines
+
+
+def write_paths(
+    source: StreamSource,
+    out: BinaryIO,
+    *,
+    as_json: bool = False,
+    max_names: int = MAX_NAMES,
+    max_held: int = MAX_HELD,
+    max_command_size: int | None = None,
+    warn: Warn | None = None,
+) -> None:
+    """Write every command of the stream at ``source`` with its final paths to ``out``
+    (:func:`record_line`, or a JSON line each); the limits are
+    :func:`~sendstream.analysis.resolve.resolve`'s, problems go to ``warn``."""
+    line = record_json_line if as_json else record_line
+    with FramedInput(source, max_command_size=max_command_size, warn=warn) as stream:
+        try:
+            for record in resolve(stream.events(), max_names=max_names, max_held=max_held):
+                out.write(line(record))
+        finally:
+            out.flush()
+
+
+def write_stats(
+    source: StreamSource, out: BinaryIO, *, max_command_size: int | None = None, warn: Warn | None = None
+) -> None:
+    """Write the :func:`statistics_lines` of the stream at ``source`` to ``out``, then tell its problems to ``warn``."""
+    statistics = Statistics()
+    with FramedInput(source, max_command_size=max_command_size, warn=warn) as stream:
+        for event in stream.events():
+            statistics.feed(event)
+        out.write(("\n".join(statistics_lines(statistics)) + "\n").encode())
+        out.flush()
