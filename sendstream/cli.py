@@ -1,36 +1,56 @@
-"""The command line: a thin layer over the library.
+"""The command line: options in, one library call, output.
 
-Errors become exit codes in one place (:func:`main`); see the README's
-table of exit codes.
+The options are declared in :mod:`sendstream.options`; what the person at
+the terminal sees and types (warnings, the password, exit codes) is
+:mod:`sendstream.terminal`; see the README's table of exit codes.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Callable
-from typing import IO, TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from . import __version__
 from . import errors as e
 from .codec.crc import IMPLEMENTATION
-from .codec.limits import MAX_COMMAND_SIZE
 from .codec.native import PATH
 from .format.layout import MAX_VERSION
 from .io.framed import tell_problems
-from .io.outputs import is_special
 from .io.windows import open_input
-from .net import tls
-from .ops.verify import Report, find_headers
+from .ops.verify import find_headers
+from .options import (
+    ListenOptions,
+    SenderOptions,
+    TlsOptions,
+    convert_options,
+    extract_options,
+    given,
+    idle_timeout_option,
+    in_out_arguments,
+    json_option,
+    listen_options,
+    max_size_option,
+    output_options,
+    quiet_option,
+    reconnect_timeout_option,
+    relay_listen_option,
+    resume_option,
+    send_options,
+    sender_options,
+    stream_argument,
+    summary_option,
+    tls_options,
+    to_option,
+    tracker_options,
+    verbose_option,
+)
+from .terminal import Group, error, logger, progress, run_command, warn, warner
 
 if TYPE_CHECKING:
-    from .net.address import Listening
-    from .net.progress import Progress
     from .net.session.receiver import SessionReceiver
     from .net.sinks import Sink
-    from .net.tls import Channel
 
 # Modules that only some commands need (network, extraction, paths, dump,
 # repair, the writer, subprocess) load when those commands run: imported
@@ -38,174 +58,7 @@ if TYPE_CHECKING:
 # package is light until a connection loads its library (see net.tls.connect).
 
 
-def _options(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """Several decorators as one, in the order they are written (the top one first, as when stacked)."""
-
-    def decorate(f: Any) -> Any:
-        for option in reversed(decorators):
-            f = option(f)
-        return f
-
-    return decorate
-
-
-def _given(**options: Any) -> dict[str, Any]:
-    """The options given, by the names of the library's arguments: for the others (None) its defaults stand."""
-    return {name: value for name, value in options.items() if value is not None}
-
-
-def _json_option(one_per: str) -> Callable[[Any], Any]:
-    return click.option("--json", "as_json", is_flag=True, help=f"JSON lines: one object per {one_per}.")
-
-
-_stream_argument = click.argument("stream", default="-")
-_in_out_arguments = _options(click.argument("source", metavar="IN"), click.argument("target", metavar="OUT"))
-_summary_option = click.option("-q", "--quiet", is_flag=True, help="No summary line.")
-_max_size_option = click.option(
-    "--max-command-size",
-    type=click.IntRange(min=1, max=MAX_COMMAND_SIZE),
-    metavar="BYTES",
-    help="Largest command payload accepted (default: the kernel's limit for the stream's version; "
-    f"at most {MAX_COMMAND_SIZE >> 20} MiB, which one command may take in memory).",
-)
-# for the commands that follow names to the end of a subvolume
-_tracker_options = _options(
-    click.option(
-        "--max-names",
-        type=click.IntRange(min=1),
-        metavar="N",
-        help="Most names followed in one subvolume; every directory above a path counts (default: 400,000).",
-    ),
-    click.option(
-        "--max-held",
-        type=click.IntRange(min=1),
-        metavar="BYTES",
-        help="Most bytes of results held until a subvolume ends: records, changes, their paths (default: 64 MiB).",
-    ),
-)
-
-
-def _tls_options(leg: str = "", of: str = "") -> Callable[[Any], Any]:
-    """--tls, --key and --identity; for a leg of a relay --LEG-tls, --LEG-key and --LEG-identity
-    (parameters LEG_mode, LEG_key_file, LEG_identity), whose help ends with ``of``."""
-    flag, name = (f"--{leg}-", f"{leg}_") if leg else ("--", "")
-
-    def decorate(f: Any) -> Any:
-        f = click.option(
-            f"{flag}identity",
-            f"{name}identity",
-            default="sendstream",
-            show_default=True,
-            help=f"Name of the pre-shared key{of}.",
-        )(f)
-        f = click.option(
-            f"{flag}key",
-            f"{name}key_file",
-            type=click.Path(dir_okay=False),
-            help=f"Pre-shared key file{of} (PEM, else raw bytes); without it, a password is asked on the terminal.",
-        )(f)
-        return click.option(
-            f"{flag}tls",
-            f"{name}mode",
-            type=click.Choice(tls.MODES),
-            default=tls.DEFAULT_MODE,
-            show_default=True,
-            help=f"TLS version and cipher{of}; 'none' is raw TCP (only when asked).",
-        )(f)
-
-    return decorate
-
-
-def _sender_options(f: Any) -> Any:
-    """--retries, --retry-delay, --timeout and --resumable of a sending end."""
-    f = click.option(
-        "--resumable",
-        is_flag=True,
-        help="Run a session that survives dropped connections (needs a sendstream receiver; ~30% slower).",
-    )(f)
-    f = click.option(
-        "--timeout",
-        type=click.FloatRange(min=0.1),
-        default=60.0,
-        show_default=True,
-        metavar="SECONDS",
-        help="A connection that makes no progress this long counts as dropped.",
-    )(f)
-    f = click.option(
-        "--retry-delay",
-        type=click.FloatRange(min=0),
-        default=1.0,
-        show_default=True,
-        metavar="SECONDS",
-        help="Wait before the second attempt; doubles with each further one (at most 30 s).",
-    )(f)
-    return click.option(
-        "--retries",
-        type=click.IntRange(min=0),
-        default=5,
-        show_default=True,
-        help="Connection attempts after a drop (or before the first connection), per outage.",
-    )(f)
-
-
-IDLE_TIMEOUT = 600.0
-
-
-def _idle_timeout_option(f: Any) -> Any:
-    return click.option(
-        "--idle-timeout",
-        type=click.FloatRange(min=0),
-        default=IDLE_TIMEOUT,
-        show_default=True,
-        metavar="SECONDS",
-        help="Once a sender said hello, the longest wait for its next byte (0: for ever); "
-        "it covers `btrfs send -p` computing before it writes (see README).",
-    )(f)
-
-
-def _listen_timeout_options(default: float) -> Callable[[Any], Any]:
-    """--timeout (a new connection's handshake and hello) and --idle-timeout of a listening end."""
-
-    def decorate(f: Any) -> Any:
-        f = _idle_timeout_option(f)
-        return click.option(
-            "--timeout",
-            type=click.FloatRange(min=0.1),
-            default=default,
-            show_default=True,
-            metavar="SECONDS",
-            help="Longest a new connection may take for its TLS handshake and hello, all of it together; "
-            "a connection that does not make it is refused and the wait goes on.",
-        )(f)
-
-    return decorate
-
-
-def _reconnect_timeout_option(f: Any) -> Any:
-    return click.option(
-        "--reconnect-timeout",
-        type=click.FloatRange(min=0),
-        default=300.0,
-        show_default=True,
-        metavar="SECONDS",
-        help="After a drop, how long to wait for the sender to come back.",
-    )(f)
-
-
-class _ReaderGone(Exception):
-    """Standard output's reader went away (``| head``): not an error of ours."""
-
-
-class _Group(click.Group):
-    def invoke(self, ctx: click.Context) -> Any:
-        # click turns EPIPE into exit 1 on its own; every command of ours ends quietly with 0
-        try:
-            return super().invoke(ctx)
-        except BrokenPipeError as exc:
-            raise _ReaderGone() from exc
-
-
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="sendstream")
 @click.option("--traceback", "show_traceback", is_flag=True, help="Show a Python traceback on errors.")
 @click.pass_context
@@ -214,46 +67,35 @@ def cli(ctx: click.Context, show_traceback: bool) -> None:
     ctx.obj = {"traceback": show_traceback}
 
 
-def _warn(message: str) -> None:
-    click.echo(f"sendstream: warning: {message}", err=True)
-
-
-def _error(message: str) -> None:
-    click.echo(f"sendstream: error: {message}", err=True)
-
-
 @cli.command()
-@_stream_argument
-@_json_option("command")
+@stream_argument
+@json_option("command")
 @click.option("--strict", is_flag=True, help="Reject commands and attributes unknown to the stream's version.")
-@_max_size_option
+@max_size_option
 def dump(stream: str, **options: Any) -> None:
     """Print every command of STREAM (a file or -), like `btrfs receive --dump`."""
     from .render.dump import dump as write_dump
 
-    write_dump(stream, sys.stdout.buffer, warn=_warn, **_given(**options))
+    write_dump(stream, sys.stdout.buffer, warn=warn, **given(**options))
 
 
 @cli.command()
-@_stream_argument
+@stream_argument
 @click.option("--keep-going", is_flag=True, help="Report every problem, not only the first.")
 @click.option("--scan", is_flag=True, help="Only list every stream header in STREAM, wherever it is.")
 @click.option("--from-socket", "address", metavar="HOST:PORT", help="Listen there and verify what one sender sends.")
-@_tls_options()
-@_listen_timeout_options(30.0)
-@_summary_option
-@click.option("-v", "--verbose", is_flag=True, help="Say which verifier and CRC implementation ran.")
-@_max_size_option
+@tls_options()
+@listen_options()
+@summary_option
+@verbose_option("Say which verifier and CRC implementation ran.")
+@max_size_option
 def verify(
     stream: str,
     keep_going: bool,
     scan: bool,
     address: str | None,
-    mode: str,
-    key_file: str | None,
-    identity: str,
-    timeout: float,
-    idle_timeout: float,
+    tls: TlsOptions,
+    listen: ListenOptions,
     quiet: bool,
     verbose: bool,
     max_command_size: int | None,
@@ -270,43 +112,27 @@ def verify(
             click.echo(f"{len(headers)} stream header{'s' * (len(headers) != 1)}")
         return
     if address:
-        report = _verify_from_socket(
-            address, mode, key_file, identity, timeout, idle_timeout, keep_going, max_command_size, verbose
+        from .net.receiving import verify_from_socket
+
+        listening = listen.listening(address, tls, tls.key())
+        report = verify_from_socket(
+            listening, warn=warner(), log=logger(verbose), keep_going=keep_going, max_command_size=max_command_size
         )
     else:
         from .ops.verify import verify as verify_input
 
         report = verify_input(stream, keep_going=keep_going, max_command_size=max_command_size)
-    tell_problems(report.problems, _error)
-    tell_problems(report.warnings, _warn)
+    tell_problems(report.problems, error)
+    tell_problems(report.warnings, warn)
     if not quiet:
         click.echo(report.summary())
     sys.exit(report.exit_code)
 
 
 @cli.command()
-@_in_out_arguments
-@click.option(
-    "--to-version",
-    type=click.IntRange(1, 1),
-    metavar="1",
-    help="Write a v1 stream for an older btrfs receive: ENCODED_WRITE decompressed into WRITEs, "
-    "FALLOCATE as WRITEs of zeros, FILEATTR and ENABLE_VERITY dropped with a warning.",
-)
-@click.option(
-    "--max-zero-fill",
-    type=click.IntRange(min=0),
-    metavar="BYTES",
-    help="With --to-version 1: most bytes of zeros written for holes in all (default: 1 GiB).",
-)
-@click.option(
-    "--max-names",
-    type=click.IntRange(min=1),
-    default=None,
-    metavar="N",
-    help="With --to-version 1: most names followed in one subvolume to know file sizes (default: 400,000).",
-)
-@_max_size_option
+@in_out_arguments
+@convert_options
+@max_size_option
 def convert(
     source: str,
     target: str,
@@ -324,15 +150,15 @@ def convert(
         raise click.UsageError("--max-zero-fill and --max-names go with --to-version 1")
     from .ops.convert import convert as write_converted
 
-    limits = _given(max_zero_fill=max_zero_fill, max_names=max_names)
-    write_converted(source, target, to_version=to_version, max_command_size=max_command_size, warn=_warn, **limits)
+    limits = given(max_zero_fill=max_zero_fill, max_names=max_names)
+    write_converted(source, target, to_version=to_version, max_command_size=max_command_size, warn=warn, **limits)
 
 
 @cli.command(name="ls")
-@_stream_argument
-@_json_option("subvolume")
-@_tracker_options
-@_max_size_option
+@stream_argument
+@json_option("subvolume")
+@tracker_options
+@max_size_option
 def ls_command(stream: str, **options: Any) -> None:
     """List every path STREAM (a file or -) touches, with the kind of change.
 
@@ -344,14 +170,14 @@ def ls_command(stream: str, **options: Any) -> None:
     """
     from .render.changes import write_changes
 
-    write_changes(stream, sys.stdout.buffer, warn=_warn, **_given(**options))
+    write_changes(stream, sys.stdout.buffer, warn=warn, **given(**options))
 
 
 @cli.command()
-@_stream_argument
-@_json_option("subvolume")
-@_tracker_options
-@_max_size_option
+@stream_argument
+@json_option("subvolume")
+@tracker_options
+@max_size_option
 def diff(stream: str, **options: Any) -> None:
     """What the incremental STREAM (a file or -) changes against its parent.
 
@@ -363,54 +189,14 @@ def diff(stream: str, **options: Any) -> None:
     """
     from .render.changes import write_changes
 
-    write_changes(stream, sys.stdout.buffer, diff=True, warn=_warn, **_given(**options))
-
-
-def _verify_from_socket(
-    address: str,
-    mode: str,
-    key_file: str | None,
-    identity: str,
-    timeout: float,
-    idle_timeout: float,
-    keep_going: bool,
-    max_command_size: int | None,
-    verbose: bool,
-) -> Report:
-    from .net.receiving import verify_from_socket
-
-    listening = _listening(address, mode, _psk(mode, key_file, identity), identity, timeout, idle_timeout)
-    return verify_from_socket(
-        listening, warn=_warner(), log=_logger(verbose), keep_going=keep_going, max_command_size=max_command_size
-    )
-
-
-def _listening(
-    address: str,
-    mode: str,
-    key: bytes | None,
-    identity: str,
-    timeout: float,
-    idle_timeout: float,
-    reconnect_timeout: float | None = None,
-) -> Listening:
-    """How --listen takes its sender (an --idle-timeout of 0 waits for ever)."""
-    from .net.address import Address, Listening, TlsSettings
-
-    return Listening(
-        Address.parse(address, listen=True),
-        TlsSettings(mode, key, identity),
-        timeout,
-        idle_timeout or None,
-        reconnect_timeout,
-    )
+    write_changes(stream, sys.stdout.buffer, diff=True, warn=warn, **given(**options))
 
 
 @cli.command()
-@_in_out_arguments
+@in_out_arguments
 @click.option("--keep-last", is_flag=True, help="Keep only what follows the last restart (OUT must be seekable).")
-@_summary_option
-@_max_size_option
+@summary_option
+@max_size_option
 def repair(source: str, target: str, keep_last: bool, quiet: bool, max_command_size: int | None) -> None:
     """Write the clean stream of IN (a restarted `btrfs send`) to OUT (- for stdin/stdout).
 
@@ -422,99 +208,24 @@ def repair(source: str, target: str, keep_last: bool, quiet: bool, max_command_s
     from .ops.repair import repair as write_repaired
     from .ops.repair import summary_lines
 
-    healer = write_repaired(source, target, keep_last=keep_last, max_command_size=max_command_size, warn=_warn)
+    healer = write_repaired(source, target, keep_last=keep_last, max_command_size=max_command_size, warn=warn)
     if not quiet:
         click.echo("\n".join(f"sendstream: {line}" for line in summary_lines(healer)), err=True)
 
 
-def _psk(mode: str, key_file: str | None, identity: str, leg: str = "") -> bytes | None:
-    """The key of ``--tls``/``--key``/``--identity`` (of a relay's ``leg``): the file, else a password asked."""
-    import getpass
-
-    from .net.tls import derive_key, load_key
-
-    flag = f"--{leg}-" if leg else "--"
-    if mode == "none":
-        click.echo(f"sendstream: warning: {flag}tls none: the stream crosses the network unencrypted", err=True)
-        return None
-    if key_file:
-        return load_key(key_file)
-    # getpass asks on /dev/tty, else on standard input if it is a terminal, else it would read
-    # standard input (the stream itself, under cron) as the password
-    if not sys.stdin.isatty():
-        try:
-            os.close(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY))
-        except OSError:
-            raise e.UsageError(
-                f"no {flag}key given, and no terminal to ask for a password: give {flag}key FILE"
-            ) from None
-    return derive_key(getpass.getpass(f"password for {identity!r}{f' (--{leg})' if leg else ''}: "), identity)
-
-
-def _logger(verbose: bool, prefix: str = "") -> Callable[[str], object]:
-    """Where -v messages go: stderr, after ``prefix`` (a relay's leg); nowhere without -v."""
-
-    def log(text: str) -> None:
-        if verbose:
-            click.echo(f"sendstream: {prefix}{text}", err=True)
-
-    return log
-
-
-def _warner(prefix: str = "") -> Callable[[str], object]:
-    """Where warnings go: stderr always (a refused connection is a security event), after ``prefix``."""
-
-    def warn(text: str) -> None:
-        click.echo(f"sendstream: warning: {prefix}{text}", err=True)
-
-    return warn
-
-
-def _connector(
-    target: str, mode: str, key: bytes | None, identity: str, timeout: float, log: Callable[[str], object]
-) -> Callable[[], Channel]:
-    """A new channel to --to on every call; the first is described to ``log``."""
-    from .net.address import Address, Dialing, TlsSettings
-    from .net.sending import connector
-
-    return connector(Dialing(Address.parse(target), TlsSettings(mode, key, identity), timeout), log)
-
-
-def _quiet_progress(label: str, quiet: bool) -> Progress:
-    from .net.progress import Progress
-
-    return Progress(label, enabled=False if quiet else None)
-
-
 @cli.command()
-@click.option("--to", "target", required=True, metavar="HOST:PORT", help="Where a `sendstream receive` listens.")
+@to_option
 @click.argument("stream", default="-")
-@_tls_options()
-@_sender_options
-@click.option(
-    "--resume",
-    "token",
-    metavar="TOKEN",
-    help="Continue a transfer after a restart, from the receiver's token (implies --resumable).",
-)
-@click.option(
-    "--no-status",
-    is_flag=True,
-    help="The receiver is not sendstream (stunnel, socat, openssl): count the stream as delivered once it is "
-    "sent and closed, without the receiver's status.",
-)
-@click.option("-q", "--quiet", is_flag=True, help="No progress and no summary.")
-@click.option("-v", "--verbose", is_flag=True, help="Say which TLS path each direction uses, and every reconnect.")
+@tls_options()
+@sender_options
+@send_options
+@quiet_option
+@verbose_option("Say which TLS path each direction uses, and every reconnect.")
 def send(
     target: str,
     stream: str,
-    mode: str,
-    key_file: str | None,
-    identity: str,
-    retries: int,
-    retry_delay: float,
-    timeout: float,
-    resumable: bool,
+    tls: TlsOptions,
+    sending: SenderOptions,
     token: str | None,
     no_status: bool,
     quiet: bool,
@@ -532,29 +243,29 @@ def send(
     checked against the token up to the token's offset, and only the rest
     is sent.
     """
-    from .net import sending
+    from .net.sending import send as send_stream
 
-    if no_status and (resumable or token):
+    if no_status and (sending.resumable or token):
         raise e.UsageError("--no-status is for a receiver that is not sendstream; a session needs sendstream")
-    key = _psk(mode, key_file, identity)
+    key = tls.key()
     checkpoint = None
     if token is not None:
         from .ops.tokens import read_token
 
         checkpoint = read_token(token, key)
 
-    log = _logger(verbose)
-    connect = _connector(target, mode, key, identity, timeout, log)
+    log = logger(verbose)
+    connect = sending.connector(target, tls, key, log)
     with open_input(stream) as source:
-        summary = sending.send(
+        summary = send_stream(
             source,
             connect,
-            _quiet_progress("sent", quiet),
-            resumable=resumable,
+            progress("sent", quiet),
+            resumable=sending.resumable,
             resume=checkpoint,
             expect_status=not no_status,
-            retries=retries,
-            retry_delay=retry_delay,
+            retries=sending.retries,
+            retry_delay=sending.retry_delay,
             log=log,
         )
     if not quiet:
@@ -562,29 +273,18 @@ def send(
 
 
 @cli.command()
-@click.option("--listen", "address", required=True, metavar="HOST:PORT", help="Address to listen on ('*:PORT': all).")
-@click.option("-o", "--output", default=None, metavar="FILE", help="Write the stream to FILE (- for stdout).")
-@click.option("--exec", "command", default=None, metavar="CMD", help="Write the stream to the stdin of CMD.")
-@_tls_options()
-@_reconnect_timeout_option
-@_listen_timeout_options(30.0)
-@click.option(
-    "--resume",
-    is_flag=True,
-    help="Continue the unfinished transfer to FILE (-o) where its last durable command ended.",
-)
-@click.option("-q", "--quiet", is_flag=True, help="No progress and no summary.")
-@click.option("-v", "--verbose", is_flag=True, help="Say which TLS path each direction uses, and every reconnect.")
+@output_options
+@tls_options()
+@listen_options(reconnect=True)
+@resume_option
+@quiet_option
+@verbose_option("Say which TLS path each direction uses, and every reconnect.")
 def receive(
     address: str,
     output: str | None,
     command: str | None,
-    mode: str,
-    key_file: str | None,
-    identity: str,
-    reconnect_timeout: float,
-    timeout: float,
-    idle_timeout: float,
+    tls: TlsOptions,
+    listen: ListenOptions,
     resume: bool,
     quiet: bool,
     verbose: bool,
@@ -601,72 +301,50 @@ def receive(
     import signal
 
     from .net import receiving
-    from .net.journal import load_state, refuse_unfinished
-    from .net.sinks import ChildSink, FileSink, JournalSink
+    from .net.sinks import Target
     from .ops.tokens import make_token
 
-    if output and command:
-        raise e.UsageError("give -o or --exec, not both")
-    journaled = bool(output) and output != "-" and mode != "none" and not is_special(output or "")
-    if resume and not journaled:
-        raise e.UsageError("--resume continues a file: give -o FILE and a TLS mode (its key signs the token)")
-    key = _psk(mode, key_file, identity)
-    checkpoint = None
-    if resume:
-        assert output
-        checkpoint = load_state(output, key)
-        assert key is not None  # load_state needs one
+    target = Target(output, command, encrypted=tls.mode != "none", resume=resume)
+    key = tls.key()
+    checkpoint = target.start(key)
+    if checkpoint is not None and key is not None:
         click.echo(
             f"sendstream: resuming {output} at offset {checkpoint.offset}; on the sending side run\n"
             f"  sendstream send --resume {make_token(checkpoint, key)} ...",
             err=True,
         )
-    elif journaled:
-        assert output
-        refuse_unfinished(output)
+
+    def journaling() -> None:
+        # SIGTERM ends the transfer like an error: the token is printed, the journal kept
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     def sink(session: SessionReceiver) -> Sink:
-        if command:
-            return ChildSink(command)
-        if journaled and not session.raw:  # a raw stream has no identity to keep a journal of
-            assert output and key
-            # SIGTERM ends the transfer like an error: the token is printed, the journal kept
-            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-            return JournalSink(output, key, checkpoint, notify=_logger(verbose=True))
-        return FileSink(output or "-")
+        return target.sink(session.raw, key, checkpoint, notify=logger(verbose=True), journaling=journaling)
 
-    listening = _listening(address, mode, key, identity, timeout, idle_timeout, reconnect_timeout)
-    progress = _quiet_progress("received", quiet)
-    summary = receiving.receive(listening, sink, progress, warn=_warner(), log=_logger(verbose), resume=checkpoint)
+    listening = listen.listening(address, tls, key)
+    summary = receiving.receive(
+        listening, sink, progress("received", quiet), warn=warner(), log=logger(verbose), resume=checkpoint
+    )
     if not quiet:
         click.echo(f"sendstream: {summary.line('received')}", err=True)
 
 
 @cli.command()
-@click.option(
-    "--listen", "address", required=True, metavar="HOST:PORT", help="Where the sender connects ('*:PORT': all)."
-)
-@click.option("--to", "target", required=True, metavar="HOST:PORT", help="Where a `sendstream receive` listens.")
-@_tls_options("listen", " of the sender's leg")
-@_tls_options("to", " of the receiver's leg")
-@_sender_options
-@_reconnect_timeout_option
-@_idle_timeout_option
-@click.option("-q", "--quiet", is_flag=True, help="No progress and no summary.")
-@click.option("-v", "--verbose", is_flag=True, help="Say which TLS path each leg uses, and every reconnect.")
+@relay_listen_option
+@to_option
+@tls_options("listen", " of the sender's leg")
+@tls_options("to", " of the receiver's leg")
+@sender_options
+@reconnect_timeout_option
+@idle_timeout_option
+@quiet_option
+@verbose_option("Say which TLS path each leg uses, and every reconnect.")
 def relay(
     address: str,
     target: str,
-    listen_mode: str,
-    listen_key_file: str | None,
-    listen_identity: str,
-    to_mode: str,
-    to_key_file: str | None,
-    to_identity: str,
-    retries: int,
-    retry_delay: float,
-    timeout: float,
-    resumable: bool,
+    listen_tls: TlsOptions,
+    to_tls: TlsOptions,
+    sending: SenderOptions,
     reconnect_timeout: float,
     idle_timeout: float,
     quiet: bool,
@@ -685,20 +363,19 @@ def relay(
     """
     from .net import relay as relaying
 
-    listen_key = _psk(listen_mode, listen_key_file, listen_identity, "listen")
-    to_key = _psk(to_mode, to_key_file, to_identity, "to")
-    log = _logger(verbose, "downstream: ")
-    connect = _connector(target, to_mode, to_key, to_identity, timeout, log)
-    listening = _listening(address, listen_mode, listen_key, listen_identity, timeout, idle_timeout, reconnect_timeout)
+    listen_key, to_key = listen_tls.key(), to_tls.key()
+    log = logger(verbose, "downstream: ")
+    connect = sending.connector(target, to_tls, to_key, log)
+    listen = ListenOptions(sending.timeout, idle_timeout, reconnect_timeout)
     summary = relaying.relay(
-        listening,
+        listen.listening(address, listen_tls, listen_key),
         connect,
-        _quiet_progress("relayed", quiet),
-        warn=_warner("upstream: "),
-        upstream_log=_logger(verbose, "upstream: "),
-        resumable=resumable,
-        retries=retries,
-        retry_delay=retry_delay,
+        progress("relayed", quiet),
+        warn=warner("upstream: "),
+        upstream_log=logger(verbose, "upstream: "),
+        resumable=sending.resumable,
+        retries=sending.retries,
+        retry_delay=sending.retry_delay,
         log=log,
     )
     if not quiet:
@@ -708,30 +385,8 @@ def relay(
 @cli.command()
 @click.argument("stream")
 @click.argument("directory", metavar="DIR", type=click.Path(exists=True, file_okay=False))
-@click.option(
-    "--clone-from",
-    "clone_from",
-    multiple=True,
-    metavar="[UUID=]DIR",
-    help="A clone source: UUID=DIR is the extraction of subvolume UUID; a plain DIR holds such "
-    "extractions in subdirectories named by UUID. Repeatable.",
-)
-@click.option(
-    "--per-subvolume",
-    is_flag=True,
-    help="Put each subvolume in DIR/NAME, as btrfs receive does (for an input of several subvolumes); "
-    "an incremental becomes DIR/NAME made from a copy of its parent, extracted before it or given "
-    "with --clone-from.",
-)
-@click.option(
-    "--max-clone-copy",
-    type=click.IntRange(min=0),
-    metavar="BYTES",
-    help="Most bytes of data that clones (and copies of parents, with --per-subvolume) may copy in all "
-    "where DIR's file system cannot reflink (default: 64 GiB).",
-)
-@click.option("-q", "--quiet", is_flag=True, help="No warnings about skipped commands and no summary.")
-@_max_size_option
+@extract_options
+@max_size_option
 def extract(stream: str, directory: str, clone_from: tuple[str, ...], quiet: bool, **options: Any) -> None:
     """Apply STREAM (a file or -) to DIR in user space, without btrfs.
 
@@ -746,19 +401,19 @@ def extract(stream: str, directory: str, clone_from: tuple[str, ...], quiet: boo
     from .extract import parse_clone_from
 
     sources, dirs = parse_clone_from(clone_from)
-    report = extract_stream(stream, directory, clone_sources=sources, clone_dirs=dirs, warn=_warn, **_given(**options))
+    report = extract_stream(stream, directory, clone_sources=sources, clone_dirs=dirs, warn=warn, **given(**options))
     if not quiet:
         for group in report.skip_groups():
             more = f" (and {group.count - 1} more {'of other kinds' if group.other else 'like it'})"
-            _warn(f"skipped: {group.kept[0]}{more if group.count > 1 else ''}")
+            warn(f"skipped: {group.kept[0]}{more if group.count > 1 else ''}")
         click.echo(f"sendstream: {report.summary()}", err=True)
 
 
 @cli.command()
-@_stream_argument
-@_json_option("command")
-@_tracker_options
-@_max_size_option
+@stream_argument
+@json_option("command")
+@tracker_options
+@max_size_option
 def paths(stream: str, **options: Any) -> None:
     """Print each command of STREAM (a file or -) with the final path it affects.
 
@@ -771,65 +426,24 @@ def paths(stream: str, **options: Any) -> None:
     """
     from .render.paths import write_paths
 
-    write_paths(stream, sys.stdout.buffer, warn=_warn, **_given(**options))
+    write_paths(stream, sys.stdout.buffer, warn=warn, **given(**options))
 
 
 @cli.command()
-@_stream_argument
-@_max_size_option
+@stream_argument
+@max_size_option
 def stats(stream: str, **options: Any) -> None:
     """Count commands and bytes per command kind in each stream of STREAM (a file or -)."""
     from .render.paths import write_stats
 
-    write_stats(stream, sys.stdout.buffer, warn=_warn, **_given(**options))
-
-
-def _report(exc: BaseException, show_traceback: bool, err: IO[str]) -> None:
-    if show_traceback:
-        import traceback
-
-        traceback.print_exc(file=err)
-    print(f"sendstream: error: {exc}", file=err)
+    write_stats(stream, sys.stdout.buffer, warn=warn, **given(**options))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and map every error to its exit code, in one place."""
-    show_traceback = "--traceback" in (argv if argv is not None else sys.argv[1:])
-    try:
-        cli.main(args=argv, prog_name="sendstream", standalone_mode=False)
-    except click.exceptions.Exit as exc:
-        return int(exc.exit_code)
-    except click.ClickException as exc:
-        exc.show()
-        return e.EXIT_USAGE
-    except click.exceptions.Abort:
-        print("Aborted!", file=sys.stderr)
-        return 130
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    except (BrokenPipeError, _ReaderGone):
-        _quiet_stdout()
-        return 0
-    except e.SendStreamError as exc:
-        _report(exc, show_traceback, sys.stderr)
-        return exc.exit_code
-    except OSError as exc:
-        _report(exc, show_traceback, sys.stderr)
-        return e.EXIT_IO
-    return 0
-
-
-def _quiet_stdout() -> None:
-    # The reader went away (`| head`): drop what is left instead of a second error at exit.
-    import os
-
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    return run_command(cli, argv)
 
 
 def run() -> None:
     """Console-script entry point."""
     sys.exit(main())
-
-
-_: BinaryIO

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import shlex
 import subprocess
 from collections.abc import Callable
@@ -19,9 +20,9 @@ from types import TracebackType
 from typing import BinaryIO, Self
 
 from .. import errors as e
-from ..io.outputs import atomic_output
+from ..io.outputs import atomic_output, is_special
 from ..ops.ledger import Checkpoint
-from .journal import Journal
+from .journal import Journal, load_state, refuse_unfinished
 
 Data = bytes | bytearray | memoryview
 
@@ -156,3 +157,55 @@ class ChildSink(Sink):
             raise e.ChildFailed(f"{self.command!r} exited (status {code}) before it read the whole stream") from exc
         if kind is None and code:
             raise e.ChildFailed(f"{self.command!r} exited with status {code}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where ``receive`` writes: the standard input of ``command``, else ``output`` (a
+    file, ``-`` for standard output). A file of an encrypted session is journaled
+    (``FILE.part``, resumable: the key signs its token); ``resume`` continues one."""
+
+    output: str | None = None
+    command: str | None = None
+    encrypted: bool = True
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        if self.output and self.command:
+            raise e.UsageError("give -o or --exec, not both")
+        if self.resume and not self.journaled:
+            raise e.UsageError("--resume continues a file: give -o FILE and a TLS mode (its key signs the token)")
+
+    @property
+    def journaled(self) -> bool:
+        out = self.output
+        return bool(out) and out != "-" and self.encrypted and not is_special(out or "")
+
+    def start(self, key: bytes | None) -> Checkpoint | None:
+        """Before anyone connects: the checkpoint to resume from (with ``resume``), else
+        refuse a journaled FILE whose unfinished transfer a new one would overwrite."""
+        if self.resume:
+            assert self.output and key
+            return load_state(self.output, key)
+        if self.journaled:
+            assert self.output
+            refuse_unfinished(self.output)
+        return None
+
+    def sink(
+        self,
+        raw: bool,
+        key: bytes | None,
+        checkpoint: Checkpoint | None,
+        notify: Callable[[str], object],
+        journaling: Callable[[], object] = lambda: None,
+    ) -> Sink:
+        """The sink for a sender (``raw``: one without a session, so without an identity
+        to keep a journal of); ``journaling`` is called when a journal starts."""
+        if self.command:
+            return ChildSink(self.command)
+        if self.journaled and not raw:
+            assert self.output and key
+            journaling()
+            return JournalSink(self.output, key, checkpoint, notify=notify)
+        return FileSink(self.output or "-")

@@ -1,0 +1,125 @@
+"""What a person at a terminal sees and types: warnings, -v messages, progress, the
+password, and the end of a command (its error line and exit code)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import IO, TYPE_CHECKING, Any
+
+import click
+
+from . import errors as e
+
+if TYPE_CHECKING:
+    from .net.progress import Progress
+
+
+def warn(message: str) -> None:
+    click.echo(f"sendstream: warning: {message}", err=True)
+
+
+def error(message: str) -> None:
+    click.echo(f"sendstream: error: {message}", err=True)
+
+
+def logger(verbose: bool, prefix: str = "") -> Callable[[str], object]:
+    """Where -v messages go: stderr, after ``prefix`` (a relay's leg); nowhere without -v."""
+
+    def log(text: str) -> None:
+        if verbose:
+            click.echo(f"sendstream: {prefix}{text}", err=True)
+
+    return log
+
+
+def warner(prefix: str = "") -> Callable[[str], object]:
+    """Where warnings go: stderr always (a refused connection is a security event), after ``prefix``."""
+    return lambda text: warn(f"{prefix}{text}")
+
+
+def progress(label: str, quiet: bool) -> Progress:
+    from .net.progress import Progress
+
+    return Progress(label, enabled=False if quiet else None)
+
+
+def psk(mode: str, key_file: str | None, identity: str, leg: str = "") -> bytes | None:
+    """The key of ``--tls``/``--key``/``--identity`` (of a relay's ``leg``): the file, else a password asked."""
+    import getpass
+
+    from .net.tls import derive_key, load_key
+
+    flag = f"--{leg}-" if leg else "--"
+    if mode == "none":
+        warn(f"{flag}tls none: the stream crosses the network unencrypted")
+        return None
+    if key_file:
+        return load_key(key_file)
+    # getpass asks on /dev/tty, else on standard input if it is a terminal, else it would read
+    # standard input (the stream itself, under cron) as the password
+    if not sys.stdin.isatty():
+        try:
+            os.close(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY))
+        except OSError:
+            raise e.UsageError(
+                f"no {flag}key given, and no terminal to ask for a password: give {flag}key FILE"
+            ) from None
+    return derive_key(getpass.getpass(f"password for {identity!r}{f' (--{leg})' if leg else ''}: "), identity)
+
+
+class ReaderGone(Exception):
+    """Standard output's reader went away (``| head``): not an error of ours."""
+
+
+class Group(click.Group):
+    """The command group: a reader that goes away ends a command quietly."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        # click turns EPIPE into exit 1 on its own; every command of ours ends quietly with 0
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as exc:
+            raise ReaderGone() from exc
+
+
+def run_command(group: click.Group, argv: list[str] | None) -> int:
+    """Run ``group`` and map every error to its exit code, in one place."""
+    show_traceback = "--traceback" in (argv if argv is not None else sys.argv[1:])
+    try:
+        group.main(args=argv, prog_name="sendstream", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        return e.EXIT_USAGE
+    except click.exceptions.Abort:
+        print("Aborted!", file=sys.stderr)
+        return 130
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    except (BrokenPipeError, ReaderGone):
+        _quiet_stdout()
+        return 0
+    except e.SendStreamError as exc:
+        _report(exc, show_traceback, sys.stderr)
+        return exc.exit_code
+    except OSError as exc:
+        _report(exc, show_traceback, sys.stderr)
+        return e.EXIT_IO
+    return 0
+
+
+def _report(exc: BaseException, show_traceback: bool, err: IO[str]) -> None:
+    if show_traceback:
+        import traceback
+
+        traceback.print_exc(file=err)
+    print(f"sendstream: error: {exc}", file=err)
+
+
+def _quiet_stdout() -> None:
+    # The reader went away (`| head`): drop what is left instead of a second error at exit.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
