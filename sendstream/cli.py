@@ -397,8 +397,7 @@ def extract(stream: str, directory: str, clone_from: tuple[str, ...], quiet: boo
     cannot apply here (fileattr, --no-data extents, xattrs or devices the
     file system or user may not have) are skipped with a warning.
     """
-    from .extract import extract as extract_stream
-    from .extract import parse_clone_from
+    from .extract import extract_stream, parse_clone_from
 
     sources, dirs = parse_clone_from(clone_from)
     report = extract_stream(stream, directory, clone_sources=sources, clone_dirs=dirs, warn=warn, **given(**options))

@@ -22,7 +22,7 @@ import pytest
 from support.streams import FIXTURES
 
 from sendstream.analysis.changes import Change, SubvolumeChanges, changes
-from sendstream.extract import extract
+from sendstream.extract import extract_stream as extract
 from sendstream.io.windows import file_events
 from sendstream.render.changes import diff_json, diff_lines, ls_json, ls_lines
 

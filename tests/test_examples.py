@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from support.streams import FIXTURES, ROOT
 
-from sendstream.extract import extract
+from sendstream.extract import extract_stream as extract
 from sendstream.render.dump import escape
 
 EXAMPLES = ROOT / "examples"

@@ -46,7 +46,8 @@ from sendstream.analysis.resolve import resolve
 from sendstream.analysis.statistics import Statistics
 from sendstream.codec.compression import decompress, lzo1x_decompress
 from sendstream.errors import ApplyError, BadCommand, CloneSourceMissing, ExtractError, LimitExceeded, UnsafePath
-from sendstream.extract import Extractor, extract, split_path
+from sendstream.extract import Extractor, split_path
+from sendstream.extract import extract_stream as extract
 from sendstream.io.windows import file_events, iter_events
 
 # Incrementals and the full stream of their parent (fixtures/MANIFEST.md).

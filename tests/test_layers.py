@@ -153,3 +153,20 @@ def test_tests_import_no_test_module_and_no_tool() -> None:
                 if top.startswith("test_") or top == "conftest" or top in TOOLS:
                     found.append(f"{path.relative_to(TESTS)}:{node.lineno} imports {name}")
     assert not found, "\n".join(found)
+
+
+def test_the_public_api_is_typed_and_lazy() -> None:
+    """Every name of ``__all__`` is imported for type checkers (as itself) and loads at run time."""
+    import sendstream
+
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    typed = {
+        alias.asname
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.level
+        for alias in node.names
+        if alias.asname == alias.name
+    }
+    assert typed == set(sendstream.__all__)
+    for name in sendstream.__all__:
+        assert getattr(sendstream, name) is not None, name

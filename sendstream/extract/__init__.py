@@ -80,9 +80,17 @@ system calls that need care) and ``report`` (what an extraction did).
 from __future__ import annotations
 
 from .copy import MAX_CLONE_COPY
-from .extractor import Extractor, extract
+from .extractor import Extractor, extract_stream
 from .report import ExtractReport, Skipped
 from .sources import parse_clone_from
 from .tree import split_path
 
-__all__ = ["MAX_CLONE_COPY", "ExtractReport", "Extractor", "Skipped", "extract", "parse_clone_from", "split_path"]
+__all__ = [
+    "MAX_CLONE_COPY",
+    "ExtractReport",
+    "Extractor",
+    "Skipped",
+    "extract_stream",
+    "parse_clone_from",
+    "split_path",
+]

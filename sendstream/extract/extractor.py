@@ -21,7 +21,7 @@ from .report import ExtractReport, Skipped, Subvolume
 from .sources import CloneSources
 from .subvolume import OpenSubvolume, open_directory
 
-__all__ = ["Extractor", "extract"]
+__all__ = ["Extractor", "extract_stream"]
 
 _Located = TypeVar("_Located", bound=ExtractError)
 
@@ -226,7 +226,7 @@ def _locate(exc: _Located, cmd: Command, path: Any) -> _Located:
     return exc
 
 
-def extract(
+def extract_stream(
     source: StreamSource,
     dest: str | os.PathLike[str],
     *,
