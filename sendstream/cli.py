@@ -261,12 +261,10 @@ def send(
             source,
             connect,
             progress("sent", quiet),
-            resumable=sending.resumable,
             resume=checkpoint,
             expect_status=not no_status,
-            retries=sending.retries,
-            retry_delay=sending.retry_delay,
             log=log,
+            **sending.retrying(),
         )
     if not quiet:
         click.echo(f"sendstream: {summary.line('sent')}", err=True)
@@ -373,10 +371,8 @@ def relay(
         progress("relayed", quiet),
         warn=warner("upstream: "),
         upstream_log=logger(verbose, "upstream: "),
-        resumable=sending.resumable,
-        retries=sending.retries,
-        retry_delay=sending.retry_delay,
         log=log,
+        **sending.retrying(),
     )
     if not quiet:
         click.echo(f"sendstream: {summary.line('relayed')}", err=True)

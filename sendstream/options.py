@@ -223,6 +223,10 @@ class SenderOptions:
     timeout: float
     resumable: bool
 
+    def retrying(self) -> dict[str, Any]:
+        """The library's arguments for how a sending end retries."""
+        return {"resumable": self.resumable, "retries": self.retries, "retry_delay": self.retry_delay}
+
     def connector(
         self, target: str, tls: TlsOptions, key: bytes | None, log: Callable[[str], object]
     ) -> Callable[[], Channel]:
