@@ -121,7 +121,7 @@ def ensure_streams(directory: pathlib.Path) -> None:
     """Make (or reuse the cached) benchmark streams in *directory*."""
     cmd = [sys.executable, str(TOOLS_DIR / "make_bench_streams.py"), str(directory)]
     log("$ " + " ".join(cmd))
-    proc = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr)
+    proc = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr, env=bench_env())
     if proc.returncode != 0:
         raise BenchError(f"make_bench_streams.py failed (exit {proc.returncode})")
 
