@@ -13,11 +13,12 @@ from __future__ import annotations
 import io
 import mmap
 import os
+import select
 import socket
 import stat
 import sys
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import BinaryIO, NamedTuple
 
 from .. import errors as e
@@ -31,6 +32,7 @@ from ..codec.scan import Batch, run_batch
 
 CHUNK_SIZE = 1 << 20
 WINDOW_SIZE = 16 << 20
+BATCH_BYTES = 1 << 20  # a pipe read gives at most 64 KiB; gather what is ready up to this much
 _PAGE = mmap.PAGESIZE
 
 
@@ -48,10 +50,19 @@ def _pages(n: int) -> int:
 
 
 class BufferedWindows:
-    """Windows read with ``readinto`` into a reused page-aligned buffer."""
+    """Windows read into a reused page-aligned buffer, handing on what has arrived.
+
+    A read takes what the source has now (``readinto1``: one system call) and
+    never waits to fill the window, so every complete command goes on at
+    once; while the source has more ready (a fast producer) it goes on
+    reading, up to :data:`BATCH_BYTES`, so windows stay large when bytes
+    flow.
+    """
 
     def __init__(self, source: BinaryIO, size: int = 8 << 20) -> None:
         self._source = source
+        self._read = getattr(source, "readinto1", None) or source.readinto  # type: ignore[attr-defined]
+        self._ready = _poller(source)
         self._buf = mmap.mmap(-1, _pages(size))
         self._fill = 0
         self._origin = 0
@@ -69,9 +80,18 @@ class BufferedWindows:
         self._origin += pos - keep
         self._fill = tail
         mv = memoryview(self._buf)
-        n = self._source.readinto(mv[tail:]) or 0  # type: ignore[attr-defined]
+        n = self._read_some(mv[tail:])
         self._fill += n
         return Window(mv[: self._fill], keep, n == 0, self._origin)
+
+    def _read_some(self, view: memoryview) -> int:
+        """What the source has now, at least one byte (0 at its end): one read,
+        then more only while they would not wait."""
+        total = n = self._read(view) or 0
+        while n and total < min(len(view), BATCH_BYTES) and self._ready():
+            n = self._read(view[total:]) or 0
+            total += n
+        return total
 
     def check(self) -> None:
         """Reads report their own errors."""
@@ -139,6 +159,17 @@ def is_regular(source: BinaryIO) -> bool:
         return False
 
 
+def _poller(source: BinaryIO) -> Callable[[], bool]:
+    """Whether ``source`` can be read now without waiting (never, when it has no descriptor)."""
+    try:
+        fd = source.fileno()
+    except (AttributeError, OSError, ValueError):
+        return lambda: False
+    poll = select.poll()
+    poll.register(fd, select.POLLIN)
+    return lambda: bool(poll.poll(0))
+
+
 def windows_for(source: BinaryIO) -> BufferedWindows | MappedWindows:
     """Mapped windows for a regular file, buffered ones for anything else.
 
@@ -158,7 +189,11 @@ class FlushBeforeRead:
 
     def readinto(self, b: memoryview) -> int:
         self._out.flush()
-        return self._source.readinto(b) or 0  # type: ignore[attr-defined]
+        read = getattr(self._source, "readinto1", None) or self._source.readinto  # type: ignore[attr-defined]
+        return int(read(b) or 0)
+
+    def fileno(self) -> int:
+        return self._source.fileno()
 
 
 def open_input(path: str) -> BinaryIO:

@@ -1,0 +1,151 @@
+"""Pipelines that stream: what has arrived on a pipe goes on at once, while the writer pauses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from support.net import free_port, key_file, tls_args, wait_listening
+from support.streams import ROOT, SAMPLE, boundaries
+
+PAUSE_WAIT = 5.0  # how long the paused writer waits for the output of what it wrote
+
+
+class Pipeline:
+    """``sendstream ARGS`` with a writer on its standard input and a reader on its output."""
+
+    def __init__(self, args: list[str]) -> None:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sendstream", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        self.out = bytearray()
+        self._grew = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        while chunk := os.read(self.proc.stdout.fileno(), 1 << 16):
+            with self._grew:
+                self.out += chunk
+                self._grew.notify_all()
+
+    def wait_for(self, done: Callable[[bytes], bool], timeout: float = PAUSE_WAIT) -> bytes:
+        """The output once ``done(output)`` holds, or as it is after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._grew:
+            while not done(bytes(self.out)) and (left := deadline - time.monotonic()) > 0:
+                self._grew.wait(left)
+            return bytes(self.out)
+
+    def write(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def finish(self) -> tuple[int, bytes, bytes]:
+        assert self.proc.stdin is not None and self.proc.stderr is not None
+        self.proc.stdin.close()
+        err = self.proc.stderr.read()
+        code = self.proc.wait(30)
+        self._reader.join(30)
+        return code, bytes(self.out), err
+
+
+def whole(args: list[str], data: bytes) -> bytes:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", "sendstream", *args], input=data, capture_output=True, env=env, check=True
+    ).stdout
+
+
+def halfway(data: bytes) -> int:
+    """A command boundary near the middle of ``data``."""
+    cuts = boundaries(data)
+    return min(cuts, key=lambda c: abs(c - len(data) // 2))
+
+
+def truncated(args: list[str], data: bytes) -> bytes:
+    """What ``sendstream ARGS`` writes for ``data`` alone, an input that ends there."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "sendstream", *args], input=data, capture_output=True, env=env).stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["repair", "-q", "-", "-"],
+        ["convert", "-", "-"],
+        ["convert", "--to-version", "1", "-", "-"],
+        ["dump", "-"],
+        ["dump", "--json", "-"],
+    ],
+    ids=["repair", "convert", "convert-v1", "dump", "dump-json"],
+)
+def test_what_has_arrived_comes_out_while_the_writer_pauses(args: list[str]) -> None:
+    data = SAMPLE.read_bytes()
+    cut = halfway(data)
+    expected = truncated(args, data[:cut])  # every command before the cut, nothing after it
+    assert len(expected) > 0
+    pipe = Pipeline(args)
+    pipe.write(data[:cut])
+    during = pipe.wait_for(lambda out: len(out) >= len(expected))
+    assert during == expected, f"{len(during)} of {len(expected)} bytes came out while the writer paused"
+    pipe.write(data[cut:])
+    code, out, err = pipe.finish()
+    assert (code, out) == (0, whole(args, data)), err
+
+
+@pytest.mark.parametrize(
+    ("mode", "extra"),
+    [("none", []), ("tls13-aes128-gcm", []), ("tls13-aes128-gcm", ["--resumable"])],
+    ids=["plain", "tls", "tls-resumable"],
+)
+def test_a_paused_sender_s_commands_reach_the_receiver_s_output(mode: str, extra: list[str], tmp_path: Path) -> None:
+    data = SAMPLE.read_bytes()
+    cut = halfway(data)
+    key = key_file(tmp_path / "key")
+    port = free_port()
+    receiving = Pipeline(["receive", "--listen", f"127.0.0.1:{port}", "-o", "-", "-q", *tls_args(mode, key)])
+    wait_listening(port)
+    sending = Pipeline(["send", "--to", f"127.0.0.1:{port}", "-", "-q", *tls_args(mode, key), *extra])
+    sending.write(data[:cut])
+    during = receiving.wait_for(lambda out: len(out) >= cut)
+    assert during == data[:cut], f"{len(during)} of the {cut} bytes sent reached the output during the pause"
+    sending.write(data[cut:])
+    assert sending.finish()[0] == 0
+    code, out, err = receiving.finish()
+    assert (code, out) == (0, data), err
+
+
+def test_the_journal_holds_the_checked_prefix_while_the_sender_pauses(tmp_path: Path) -> None:
+    data = SAMPLE.read_bytes()
+    cut = halfway(data)
+    key = key_file(tmp_path / "key")
+    port = free_port()
+    out = tmp_path / "snap.stream"
+    tls = tls_args("tls13-aes128-gcm", key)
+    receiving = Pipeline(["receive", "--listen", f"127.0.0.1:{port}", "-o", str(out), "-q", *tls])
+    wait_listening(port)
+    sending = Pipeline(["send", "--to", f"127.0.0.1:{port}", "-", "-q", "--resumable", *tls])
+    sending.write(data[:cut])
+    part = out.with_name(out.name + ".part")
+    deadline = time.monotonic() + PAUSE_WAIT
+    while not (part.exists() and part.stat().st_size >= cut) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert part.read_bytes() == data[:cut]
+    sending.write(data[cut:])
+    assert sending.finish()[0] == 0
+    assert receiving.finish()[0] == 0
+    assert out.read_bytes() == data
