@@ -25,8 +25,10 @@ from .limits import default_max_command_size
 # what a restarted send ioctl leaves behind.
 RESTART_LENGTH = int.from_bytes(STREAM_MAGIC[:4], "little")
 # A restart header can begin in the last bytes of a command that happen to
-# equal its first ones; windows keep this many bytes before their position.
-HISTORY = 16
+# equal its first ones, and is no restart when an END command ends right
+# before it: windows keep the bytes before their position that both need
+# (a window that kept fewer decided otherwise than one that held it all).
+HISTORY = len(STREAM_MAGIC) - 1 + COMMAND_HEADER_SIZE
 
 _unpack_cmd = COMMAND_HEADER.unpack_from
 _pack_cmd = COMMAND_HEADER.pack
