@@ -19,7 +19,7 @@ from .net import tls
 from .terminal import psk
 
 if TYPE_CHECKING:
-    from .net.address import Listening
+    from .net.address import Listening, TlsSettings
     from .net.tls import Channel
 
 Decorator = Callable[[Any], Any]
@@ -176,7 +176,7 @@ class TlsOptions:
         """The pre-shared key: from --key, else a password asked on the terminal (None for --tls none)."""
         return psk(self.mode, self.key_file, self.identity, self.leg)
 
-    def settings(self, key: bytes | None) -> Any:
+    def settings(self, key: bytes | None) -> TlsSettings:
         from .net.address import TlsSettings
 
         return TlsSettings(self.mode, key, self.identity)

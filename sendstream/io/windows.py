@@ -61,7 +61,7 @@ class BufferedWindows:
 
     def __init__(self, source: BinaryIO, size: int = 8 << 20) -> None:
         self._source = source
-        self._read = getattr(source, "readinto1", None) or source.readinto  # type: ignore[attr-defined]
+        self._read = _read_what_is_there(source)
         self._ready = _poller(source)
         self._buf = mmap.mmap(-1, _pages(size))
         self._fill = 0
@@ -159,6 +159,11 @@ def is_regular(source: BinaryIO) -> bool:
         return False
 
 
+def _read_what_is_there(source: BinaryIO) -> Callable[[memoryview], int | None]:
+    """``source``'s read that returns what has arrived (one system call), not a full buffer."""
+    return getattr(source, "readinto1", None) or source.readinto  # type: ignore[attr-defined,no-any-return]
+
+
 def _poller(source: BinaryIO) -> Callable[[], bool]:
     """Whether ``source`` can be read now without waiting (never, when it has no descriptor)."""
     try:
@@ -185,12 +190,12 @@ class FlushBeforeRead:
 
     def __init__(self, source: BinaryIO, out: BinaryIO) -> None:
         self._source = source
+        self._read = _read_what_is_there(source)
         self._out = out
 
     def readinto(self, b: memoryview) -> int:
         self._out.flush()
-        read = getattr(self._source, "readinto1", None) or self._source.readinto  # type: ignore[attr-defined]
-        return int(read(b) or 0)
+        return int(self._read(b) or 0)
 
     def fileno(self) -> int:
         return self._source.fileno()
