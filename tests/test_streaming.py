@@ -149,3 +149,85 @@ def test_the_journal_holds_the_checked_prefix_while_the_sender_pauses(tmp_path: 
     assert sending.finish()[0] == 0
     assert receiving.finish()[0] == 0
     assert out.read_bytes() == data
+
+
+def _receiver(port: int, mode: str, key: Path, output: list[str]) -> Pipeline:
+    receiving = Pipeline(["receive", "--listen", f"127.0.0.1:{port}", *output, "-q", *tls_args(mode, key)])
+    wait_listening(port)
+    return receiving
+
+
+@pytest.mark.parametrize("via", ["exec", "relay"])
+def test_a_paused_sender_s_commands_come_out_of_a_child_and_through_a_relay(via: str, tmp_path: Path) -> None:
+    data = SAMPLE.read_bytes()
+    cut = halfway(data)
+    mode = "tls13-aes128-gcm"
+    key = key_file(tmp_path / "key")
+    port = free_port()
+    # `--exec cat`: the child inherits the receiver's stdout, so what it was handed is read there
+    receiving = _receiver(port, mode, key, ["--exec", "cat"] if via == "exec" else ["-o", "-"])
+    relaying = None
+    if via == "relay":
+        relay_port = free_port()
+        legs = ["--listen-tls", mode, "--listen-key", str(key), "--to-tls", mode, "--to-key", str(key)]
+        relaying = Pipeline(["relay", "--listen", f"127.0.0.1:{relay_port}", "--to", f"127.0.0.1:{port}", "-q", *legs])
+        wait_listening(relay_port)
+        port = relay_port
+    sending = Pipeline(["send", "--to", f"127.0.0.1:{port}", "-", "-q", *tls_args(mode, key)])
+    sending.write(data[:cut])
+    during = receiving.wait_for(lambda out: len(out) >= cut)
+    assert during == data[:cut], f"{len(during)} of the {cut} bytes sent came out during the pause"
+    sending.write(data[cut:])
+    assert sending.finish()[0] == 0
+    if relaying is not None:
+        assert relaying.finish()[0] == 0
+    code, out, err = receiving.finish()
+    assert (code, out) == (0, data), err
+
+
+def test_a_plain_receiver_s_file_holds_the_checked_prefix_while_the_sender_pauses(tmp_path: Path) -> None:
+    data = SAMPLE.read_bytes()
+    cut = halfway(data)
+    key = key_file(tmp_path / "key")
+    port = free_port()
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    out = outdir / "snap.stream"
+    receiving = _receiver(port, "none", key, ["-o", str(out)])
+    sending = Pipeline(["send", "--to", f"127.0.0.1:{port}", "-", "-q", "--tls", "none"])
+    sending.write(data[:cut])
+
+    def written() -> bytes:
+        files = list(outdir.iterdir())  # the temporary file that becomes FILE
+        return files[0].read_bytes() if len(files) == 1 else b""
+
+    deadline = time.monotonic() + PAUSE_WAIT
+    while len(written()) < cut and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert written() == data[:cut]
+    assert not out.exists()  # FILE appears only once the stream is complete
+    sending.write(data[cut:])
+    assert sending.finish()[0] == 0
+    assert receiving.finish()[0] == 0
+    assert out.read_bytes() == data
+
+
+def test_verify_names_a_bad_command_while_the_writer_pauses() -> None:
+    data = SAMPLE.read_bytes()
+    cuts = boundaries(data)
+    bad_at = halfway(data)
+    nxt = cuts[cuts.index(bad_at) + 1]
+    bad = bytearray(data[:nxt])
+    bad[nxt - 1] ^= 0xFF  # the last byte of that command: its CRC no longer holds
+    pipe = Pipeline(["verify", "-"])
+    pipe.write(bytes(bad))
+    started = time.monotonic()
+    try:
+        code = pipe.proc.wait(PAUSE_WAIT)  # the writer has not closed its end: verify must not wait for more
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"verify still waited {PAUSE_WAIT} s after the bad command arrived")
+    assert time.monotonic() - started < PAUSE_WAIT
+    assert code != 0
+    assert pipe.proc.stderr is not None
+    err = pipe.proc.stderr.read().decode()
+    assert f"offset {bad_at}" in err, err
