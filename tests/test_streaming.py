@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -231,3 +232,46 @@ def test_verify_names_a_bad_command_while_the_writer_pauses() -> None:
     assert pipe.proc.stderr is not None
     err = pipe.proc.stderr.read().decode()
     assert f"offset {bad_at}" in err, err
+
+
+def test_the_progress_line_moves_while_bytes_flow(tmp_path: Path) -> None:
+    """On a terminal the receiver's progress line is redrawn as data arrives, not only at the end."""
+    import pty
+
+    data = SAMPLE.read_bytes()
+    cuts = boundaries(data)
+    steps = [cuts[i * len(cuts) // 20] for i in range(1, 20)] + [len(data)]
+    port = free_port()
+    master, slave = pty.openpty()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    receiving = subprocess.Popen(
+        [sys.executable, "-m", "sendstream", "receive", "--listen", f"127.0.0.1:{port}", "-o", "-", "--tls", "none"],
+        stdout=subprocess.DEVNULL,
+        stderr=slave,
+        env=env,
+    )
+    os.close(slave)
+    shown: list[tuple[float, bytes]] = []
+
+    def watch() -> None:
+        with contextlib.suppress(OSError):  # EIO once the receiver has closed the terminal
+            while chunk := os.read(master, 4096):
+                shown.append((time.monotonic(), chunk))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    wait_listening(port)
+    sending = Pipeline(["send", "--to", f"127.0.0.1:{port}", "-", "-q", "--tls", "none"])
+    began = time.monotonic()
+    done = 0
+    for end in steps:  # about 2 s of a slow producer
+        sending.write(data[done:end])
+        done = end
+        time.sleep(0.1)
+    ended = time.monotonic()
+    assert sending.finish()[0] == 0
+    assert receiving.wait(30) == 0
+    watcher.join(5)
+    os.close(master)
+    lines = [text for at, text in shown if began <= at <= ended and b"received:" in text]
+    assert len(lines) >= 4, f"{len(lines)} progress updates in {ended - began:.1f} s of flowing bytes: {shown!r}"
