@@ -8,79 +8,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from support.net import free_port, key_file, tls_args, wait_listening
+from support.pipeline import PAUSE_WAIT, Pipeline, halfway, truncated, whole
 from support.streams import ROOT, SAMPLE, boundaries
-
-PAUSE_WAIT = 5.0  # how long the paused writer waits for the output of what it wrote
-
-
-class Pipeline:
-    """``sendstream ARGS`` with a writer on its standard input and a reader on its output."""
-
-    def __init__(self, args: list[str]) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sendstream", *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-        )
-        self.out = bytearray()
-        self._grew = threading.Condition()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        while chunk := os.read(self.proc.stdout.fileno(), 1 << 16):
-            with self._grew:
-                self.out += chunk
-                self._grew.notify_all()
-
-    def wait_for(self, done: Callable[[bytes], bool], timeout: float = PAUSE_WAIT) -> bytes:
-        """The output once ``done(output)`` holds, or as it is after ``timeout``."""
-        deadline = time.monotonic() + timeout
-        with self._grew:
-            while not done(bytes(self.out)) and (left := deadline - time.monotonic()) > 0:
-                self._grew.wait(left)
-            return bytes(self.out)
-
-    def write(self, data: bytes) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(data)
-        self.proc.stdin.flush()
-
-    def finish(self) -> tuple[int, bytes, bytes]:
-        assert self.proc.stdin is not None and self.proc.stderr is not None
-        self.proc.stdin.close()
-        err = self.proc.stderr.read()
-        code = self.proc.wait(30)
-        self._reader.join(30)
-        return code, bytes(self.out), err
-
-
-def whole(args: list[str], data: bytes) -> bytes:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "sendstream", *args], input=data, capture_output=True, env=env, check=True
-    ).stdout
-
-
-def halfway(data: bytes) -> int:
-    """A command boundary near the middle of ``data``."""
-    cuts = boundaries(data)
-    return min(cuts, key=lambda c: abs(c - len(data) // 2))
-
-
-def truncated(args: list[str], data: bytes) -> bytes:
-    """What ``sendstream ARGS`` writes for ``data`` alone, an input that ends there."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "sendstream", *args], input=data, capture_output=True, env=env).stdout
 
 
 @pytest.mark.parametrize(
@@ -96,14 +29,17 @@ def truncated(args: list[str], data: bytes) -> bytes:
 )
 def test_what_has_arrived_comes_out_while_the_writer_pauses(args: list[str]) -> None:
     data = SAMPLE.read_bytes()
-    cut = halfway(data)
-    expected = truncated(args, data[:cut])  # every command before the cut, nothing after it
-    assert len(expected) > 0
+    cuts = boundaries(data)
+    pauses = [cuts[k * len(cuts) // 6] for k in range(1, 6)]  # wherever a buffered output happens to stand
     pipe = Pipeline(args)
-    pipe.write(data[:cut])
-    during = pipe.wait_for(lambda out: len(out) >= len(expected))
-    assert during == expected, f"{len(during)} of {len(expected)} bytes came out while the writer paused"
-    pipe.write(data[cut:])
+    done = 0
+    for end in pauses:
+        expected = truncated(args, data[:end])  # every command before the pause, nothing after it
+        pipe.write(data[done:end])
+        done = end
+        during = pipe.wait_for(lambda out, n=len(expected): len(out) >= n)  # noqa: B008
+        assert during == expected, f"{len(during)} of {len(expected)} bytes came out while the writer paused at {end}"
+    pipe.write(data[done:])
     code, out, err = pipe.finish()
     assert (code, out) == (0, whole(args, data)), err
 

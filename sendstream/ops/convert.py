@@ -36,7 +36,7 @@ def convert(
         downgrader = Downgrader(warn=warn, max_zero_fill=max_zero_fill, max_names=max_names)
     encoder = Encoder()
     with FramedInput(source, max_command_size=max_command_size, warn=warn) as stream, atomic_output(target) as out:
-        for event in stream.events():
+        for event in stream.events(flush_before_read=out):
             if isinstance(event, Restart):
                 raise event.error(stream.framer.commands)
             if downgrader is None:

@@ -301,7 +301,7 @@ def dump(
     batch = None if as_json else text.native_batch(out)
     with FramedInput(source, strict=strict, max_command_size=max_command_size, warn=warn) as stream:
         try:
-            for event in stream.events(batch):
+            for event in stream.events(batch, flush_before_read=out):
                 if isinstance(event, Command):
                     out.write(json_line(event, stream.framer.streams) if as_json else text.line(event))
                     stream.tell()

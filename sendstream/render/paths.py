@@ -86,7 +86,7 @@ def write_paths(
     line = record_json_line if as_json else record_line
     with FramedInput(source, max_command_size=max_command_size, warn=warn) as stream:
         try:
-            for record in resolve(stream.events(), max_names=max_names, max_held=max_held):
+            for record in resolve(stream.events(flush_before_read=out), max_names=max_names, max_held=max_held):
                 out.write(line(record))
         finally:
             out.flush()
