@@ -58,6 +58,7 @@ from bench_transport import (  # noqa: E402
     check,
     checkout,
     cpu_model,
+    cpu_of,
     ensure_tools,
     find_exe,
     free_port,
@@ -65,6 +66,7 @@ from bench_transport import (  # noqa: E402
     log,
     proc_times,
     reap,
+    reap_usage,
     wait_listening,
 )
 from make_bench_streams import populate_bigwrite, populate_metadata  # noqa: E402
@@ -86,6 +88,7 @@ LATENCY_TARGET = 0.100
 class Run:
     seconds: float
     cpu: dict[str, float]  # process -> CPU seconds
+    rss: dict[str, float]  # sendstream process -> peak RSS, MB
 
 
 @dataclasses.dataclass
@@ -220,15 +223,16 @@ class Pipelines:
                 else:
                     remote = shlex.join(receive) + (" > /dev/null" if sink == "dump" else "")
                     piped([send, ("ssh", self.ref.ssh_argv(remote))])
-                results = {name: reap(proc) for name, proc in started}
+                usages = {name: reap_usage(proc) for name, proc in started}
                 elapsed = time.perf_counter() - t0
             finally:
                 for _, proc in started:
                     if proc.returncode is None:
                         proc.kill()
                         reap(proc, 5)
-        check([(name, code) for name, (code, _) in results.items()], [logs])
-        cpu = {name: used for name, (_, used) in results.items()}
+        check([(name, code) for name, (code, _) in usages.items()], [logs])
+        cpu = {name: cpu_of(usage) for name, (_, usage) in usages.items()}
+        rss = {name: usage.ru_maxrss / 1024 for name, (_, usage) in usages.items() if name.startswith("sendstream")}
         user, system = times.read_text().split()[-2:]
         received = float(user) + float(system)
         if path in ("tls none", TLS13):
@@ -244,7 +248,7 @@ class Pipelines:
         cpu["btrfs receive"] = received
         if sink == "receive":
             self.clear(tree)
-        return Run(elapsed, cpu)
+        return Run(elapsed, cpu, rss)
 
     def clear(self, tree: str) -> None:
         """Check the received snapshot is complete (read-only), then delete it and wait for the cleaner."""
@@ -403,16 +407,20 @@ def report(rows: list[Row], sizes: dict[str, int], lat: dict[str, list[float]], 
         size = sizes[tree]
         out += [f"**{tree}** (a stream of {size / 1e6:,.0f} MB)", ""]
         out += [
-            "| path | into `btrfs receive` s | into `--dump` s | CPU s/GiB of each process (into `btrfs receive`) |"
+            "| path | into `btrfs receive` s | into `--dump` s | CPU s/GiB of each process (into `btrfs receive`) "
+            "| sendstream's peak RSS, MB |"
         ]
-        out += ["| --- | ---: | ---: | --- |"]
+        out += ["| --- | ---: | ---: | --- | ---: |"]
         best = {}
         for path in PATHS:
             recv = next(r for r in rows if (r.tree, r.sink, r.path) == (tree, "receive", path)).best
             dump = next(r for r in rows if (r.tree, r.sink, r.path) == (tree, "dump", path)).best
             best[path] = (recv, dump)
             cpu = ", ".join(f"{name} {per_gib(s, size):.2f}" for name, s in in_order(recv.cpu))
-            out.append(f"| ({LETTERS[path]}) {path} | {recv.seconds:.2f} | {dump.seconds:.2f} | {cpu} |")
+            runs = [run for r in rows if (r.tree, r.path) == (tree, path) for run in r.runs]
+            peak = max((mb for run in runs for mb in run.rss.values()), default=None)  # of every run
+            shown = "" if peak is None else f"{peak:.0f}"
+            out.append(f"| ({LETTERS[path]}) {path} | {recv.seconds:.2f} | {dump.seconds:.2f} | {cpu} | {shown} |")
         out.append("")
         for sink, i in (("receive", 0), ("dump", 1)):
             b, c, d, e, f, g = (best[p][i] for p in ("cat", "repair", "tls none", TLS13, "socat", "ssh"))
@@ -424,7 +432,8 @@ def report(rows: list[Row], sizes: dict[str, int], lat: dict[str, list[float]], 
                 f"(target < 1); CPU s/GiB sendstream (e) {per_gib(ours, size):.2f} against ssh+sshd (g) "
                 f"{per_gib(theirs, size):.2f}",
             ]
-    out += ["Against the targets:", "", *verdicts, ""]
+    if rows:
+        out += ["Against the targets:", "", *verdicts, ""]
     if lat:
         out += ["First output after the writer's pause (ms):", "", "| path | median | max |", "| --- | ---: | ---: |"]
         for label, values in lat.items():

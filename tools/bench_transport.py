@@ -169,12 +169,18 @@ def wait_listening(port: int, procs: Sequence[subprocess.Popen[bytes]], what: st
 
 def reap(proc: subprocess.Popen[bytes], timeout: float = RUN_TIMEOUT) -> tuple[int, float]:
     """``os.wait4`` *proc* (killing it after *timeout*): exit code and CPU seconds."""
+    code, usage = reap_usage(proc, timeout)
+    return code, cpu_of(usage)
+
+
+def reap_usage(proc: subprocess.Popen[bytes], timeout: float = RUN_TIMEOUT) -> tuple[int, resource.struct_rusage]:
+    """``os.wait4`` *proc* (killing it after *timeout*): exit code and resource usage."""
     deadline = time.monotonic() + timeout
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             proc.returncode = code = os.waitstatus_to_exitcode(status)
-            return code, cpu_of(usage)
+            return code, usage
         if time.monotonic() > deadline:
             proc.kill()
             deadline = time.monotonic() + 5
