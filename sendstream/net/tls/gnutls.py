@@ -254,40 +254,42 @@ class GnuTlsChannel(TlsChannel):
     def _user_send_all(self, view: memoryview) -> None:
         ffi, lib = self._gnutls.ffi, self._gnutls.lib
         size = view.nbytes
-        ptr = ffi.from_buffer(view)
-        sent = 0
-        while sent < size:
-            # One record (up to 16 KiB) per call; after E_AGAIN the same arguments again, as GnuTLS asks.
-            ret = lib.gnutls_record_send(self._session, ptr + sent, size - sent)
-            if ret > 0:
-                sent += ret
-            elif ret == _E_AGAIN:
-                self._wait_io(select.POLLOUT)
-            elif ret != _E_INTERRUPTED:
-                raise self._record_error(ret, "send")
+        # released on the way out, an exception's too: a traceback left in a cycle must not hold an export of
+        # the view (the collector then fails to clear it, and the process can crash)
+        with ffi.from_buffer(view) as ptr:
+            sent = 0
+            while sent < size:
+                # One record (up to 16 KiB) per call; after E_AGAIN the same arguments again, as GnuTLS asks.
+                ret = lib.gnutls_record_send(self._session, ptr + sent, size - sent)
+                if ret > 0:
+                    sent += ret
+                elif ret == _E_AGAIN:
+                    self._wait_io(select.POLLOUT)
+                elif ret != _E_INTERRUPTED:
+                    raise self._record_error(ret, "send")
 
     def _user_recv_into(self, view: memoryview) -> int:
         ffi, lib = self._gnutls.ffi, self._gnutls.lib
         size = view.nbytes
-        ptr = ffi.from_buffer(view, require_writable=True)
-        got = 0
-        while got < size:
-            ret = lib.gnutls_record_recv(self._session, ptr + got, size - got)
-            if ret > 0:
-                got += ret
-            elif ret == 0:
-                self._rx_done = True
-                break
-            elif ret == _E_AGAIN:
-                if got:
+        with ffi.from_buffer(view, require_writable=True) as ptr:
+            got = 0
+            while got < size:
+                ret = lib.gnutls_record_recv(self._session, ptr + got, size - got)
+                if ret > 0:
+                    got += ret
+                elif ret == 0:
+                    self._rx_done = True
                     break
-                self._wait_io(select.POLLIN)
-            elif ret != _E_INTERRUPTED and lib.gnutls_error_is_fatal(ret):
-                self._rx_error = self._record_error(ret, "receive")
-                if got:  # the error comes with the next call, after the data that came before it
-                    break
-                raise self._rx_error
-        return got
+                elif ret == _E_AGAIN:
+                    if got:
+                        break
+                    self._wait_io(select.POLLIN)
+                elif ret != _E_INTERRUPTED and lib.gnutls_error_is_fatal(ret):
+                    self._rx_error = self._record_error(ret, "receive")
+                    if got:  # the error comes with the next call, after the data that came before it
+                        break
+                    raise self._rx_error
+            return got
 
     def _user_end_tx(self) -> None:
         lib = self._gnutls.lib

@@ -382,38 +382,40 @@ class OpenSslChannel(TlsChannel):
 
     def _user_send_all(self, view: memoryview) -> None:
         ffi, lib = self._openssl.ffi, self._openssl.lib
-        ptr, written = ffi.from_buffer(view), ffi.new("size_t *")
-        while view.nbytes:
-            # All of it in one call, as many records as that takes; after WANT_WRITE the same arguments again.
-            ret, error, code, sys_errno = self._call(lib.SSL_write_ex, ptr, view.nbytes, written)
-            if ret > 0:
-                return
-            if error in (_ERROR_WANT_WRITE, _ERROR_WANT_READ):
-                self._wait_io(select.POLLOUT if error == _ERROR_WANT_WRITE else select.POLLIN)
-            else:
-                raise self._record_error(error, code, sys_errno, "send")
+        written = ffi.new("size_t *")
+        with ffi.from_buffer(view) as ptr:  # released on the way out, an exception's too (see gnutls.py)
+            while view.nbytes:
+                # All of it in one call, as many records as that takes; after WANT_WRITE the same arguments again.
+                ret, error, code, sys_errno = self._call(lib.SSL_write_ex, ptr, view.nbytes, written)
+                if ret > 0:
+                    return
+                if error in (_ERROR_WANT_WRITE, _ERROR_WANT_READ):
+                    self._wait_io(select.POLLOUT if error == _ERROR_WANT_WRITE else select.POLLIN)
+                else:
+                    raise self._record_error(error, code, sys_errno, "send")
 
     def _user_recv_into(self, view: memoryview) -> int:
         ffi, lib = self._openssl.ffi, self._openssl.lib
-        ptr, read = ffi.from_buffer(view, require_writable=True), ffi.new("size_t *")
-        got = 0
-        while got < view.nbytes:
-            ret, error, code, sys_errno = self._call(lib.SSL_read_ex, ptr + got, view.nbytes - got, read)
-            if ret > 0:
-                got += read[0]
-            elif error == _ERROR_ZERO_RETURN:
-                self._rx_done = True
-                break
-            elif error in (_ERROR_WANT_READ, _ERROR_WANT_WRITE):
-                if got:
+        read = ffi.new("size_t *")
+        with ffi.from_buffer(view, require_writable=True) as ptr:
+            got = 0
+            while got < view.nbytes:
+                ret, error, code, sys_errno = self._call(lib.SSL_read_ex, ptr + got, view.nbytes - got, read)
+                if ret > 0:
+                    got += read[0]
+                elif error == _ERROR_ZERO_RETURN:
+                    self._rx_done = True
                     break
-                self._wait_io(select.POLLIN if error == _ERROR_WANT_READ else select.POLLOUT)
-            else:
-                self._rx_error = self._record_error(error, code, sys_errno, "receive")
-                if got:  # the error comes with the next call, after the data that came before it
-                    break
-                raise self._rx_error
-        return got
+                elif error in (_ERROR_WANT_READ, _ERROR_WANT_WRITE):
+                    if got:
+                        break
+                    self._wait_io(select.POLLIN if error == _ERROR_WANT_READ else select.POLLOUT)
+                else:
+                    self._rx_error = self._record_error(error, code, sys_errno, "receive")
+                    if got:  # the error comes with the next call, after the data that came before it
+                        break
+                    raise self._rx_error
+            return got
 
     def _user_end_tx(self) -> None:
         """close_notify; none after a failed receive, when OpenSSL sends nothing more (the caller had that error)."""
