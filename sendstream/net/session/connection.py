@@ -104,28 +104,12 @@ def _close(channel: Channel | None) -> None:
         with contextlib.suppress(Exception):
             channel._tx_failed = True  # no close_notify on a dropped connection
             channel.close()
-        _forget_error(channel)
 
 
 def _quiet_close(channel: Channel) -> None:
     """Close with close_notify when the channel still works."""
     with contextlib.suppress(Exception):
         channel.close()
-    _forget_error(channel)
-
-
-def _forget_error(channel: Channel) -> None:
-    """Break the cycle channel -> its saved receive error -> traceback -> frame -> channel.
-
-    The frame holds a cffi ``from_buffer`` export of a memoryview; when the
-    cycle is left to the garbage collector, clearing that memoryview fails
-    ("memoryview has 1 exported buffer") and the process can crash (seen
-    with GnuTLS receive errors on dropped connections).
-    """
-    error = getattr(channel, "_rx_error", None)
-    if error is not None:
-        error.__traceback__ = None
-        channel._rx_error = None  # type: ignore[attr-defined]
 
 
 def tell(channel: Channel, code: int, message: str, seconds: float = 1.0) -> None:

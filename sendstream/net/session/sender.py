@@ -24,7 +24,7 @@ from ... import errors as e
 from ...errors import ResumeError, SessionError
 from ...ops.identity import describe, stream_identity
 from ..tls import Channel
-from .connection import Dropped, Inbox, _close, _forget_error, _kill, transient
+from .connection import Dropped, Inbox, _close, _kill, transient
 from .protocol import PREFIX_SIZE, Ack, Answer, SenderConnection, Status
 
 WINDOW_SIZE = 64 << 20
@@ -182,7 +182,6 @@ class SessionSender:
             self._stop_reader()
             with contextlib.suppress(Exception):
                 self._channel.close()
-            _forget_error(self._channel)
             self._channel = None
         return self.status
 

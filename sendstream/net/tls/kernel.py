@@ -373,12 +373,3 @@ class TlsChannel(Channel):
                 return
             except BlockingIOError:
                 self._wait_io(select.POLLOUT)
-
-    def close(self) -> None:
-        try:
-            super().close()
-        finally:
-            # A saved receive error's traceback holds a frame with a cffi
-            # buffer export; left to the garbage collector that cycle can crash.
-            if self._rx_error is not None:
-                self._rx_error.__traceback__ = None
