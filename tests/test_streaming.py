@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import subprocess
 import sys
@@ -14,6 +15,8 @@ import pytest
 from support.net import free_port, key_file, tls_args, wait_listening
 from support.pipeline import PAUSE_WAIT, Pipeline, halfway, truncated, whole
 from support.streams import ROOT, SAMPLE, boundaries
+
+from sendstream.io.pipes import PIPE_SIZE, widen
 
 
 @pytest.mark.parametrize(
@@ -198,5 +201,17 @@ def test_the_progress_line_moves_while_bytes_flow(tmp_path: Path) -> None:
     assert receiving.wait(30) == 0
     watcher.join(5)
     os.close(master)
-    lines = [text for at, text in shown if began <= at <= ended and b"received:" in text]
+    lines = [text for at, text in shown if began <= at <= ended and b"\rreceived " in text]
     assert len(lines) >= 4, f"{len(lines)} progress updates in {ended - began:.1f} s of flowing bytes: {shown!r}"
+
+
+def test_a_pipe_is_widened() -> None:
+    r, w = os.pipe()
+    try:
+        widen(w)
+        assert fcntl.fcntl(r, fcntl.F_GETPIPE_SZ) == PIPE_SIZE
+    finally:
+        os.close(r)
+        os.close(w)
+    with open(sys.executable, "rb") as f:
+        widen(f.fileno())  # not a pipe: left alone

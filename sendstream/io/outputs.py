@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from .. import errors as e
+from .pipes import widen
 
 
 def is_special(path: str) -> bool:
@@ -167,9 +168,11 @@ def _special_output(path: str, st: os.stat_result) -> int:
     if not (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
         raise e.UsageError(f"{path!r} is not a regular file, a character device or a fifo: refusing to write to it")
     try:
-        return os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
         raise e.OutputError(path, exc.strerror or str(exc)) from None
+    widen(fd)
+    return fd
 
 
 @contextlib.contextmanager
@@ -185,6 +188,7 @@ def atomic_output(path: str) -> Iterator[BinaryIO]:
     """
     if path == "-":
         sys.stdout.flush()
+        widen(sys.stdout.fileno())
         with io.BufferedWriter(OutputFile(sys.stdout.fileno(), "standard output", closefd=False)) as stdout:
             yield stdout
         return

@@ -10,6 +10,7 @@ the window: they are valid until the next event is asked for.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import mmap
 import os
@@ -29,6 +30,7 @@ from ..codec.framer import Framer
 from ..codec.native import END, FULL, NEED
 from ..codec.restart import HISTORY
 from ..codec.scan import Batch, run_batch
+from .pipes import widen
 
 CHUNK_SIZE = 1 << 20
 WINDOW_SIZE = 16 << 20
@@ -63,6 +65,8 @@ class BufferedWindows:
         self._source = source
         self._read = _read_what_is_there(source)
         self._ready = _poller(source)
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            widen(source.fileno())
         self._buf = mmap.mmap(-1, _pages(size))
         self._fill = 0
         self._origin = 0
