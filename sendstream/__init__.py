@@ -47,8 +47,10 @@ if TYPE_CHECKING:
     from .errors import HandshakeError as HandshakeError
     from .errors import InputChanged as InputChanged
     from .errors import KeyFileError as KeyFileError
+    from .errors import KeyFileUnreadable as KeyFileUnreadable
     from .errors import LimitExceeded as LimitExceeded
     from .errors import MissingAttribute as MissingAttribute
+    from .errors import NetworkError as NetworkError
     from .errors import OutputError as OutputError
     from .errors import PrefixDiffers as PrefixDiffers
     from .errors import ProblemLog as ProblemLog
@@ -147,8 +149,10 @@ _HOME: dict[str, tuple[str, str]] = {
     "HandshakeError": ("errors", "HandshakeError"),
     "InputChanged": ("errors", "InputChanged"),
     "KeyFileError": ("errors", "KeyFileError"),
+    "KeyFileUnreadable": ("errors", "KeyFileUnreadable"),
     "LimitExceeded": ("errors", "LimitExceeded"),
     "MissingAttribute": ("errors", "MissingAttribute"),
+    "NetworkError": ("errors", "NetworkError"),
     "OutputError": ("errors", "OutputError"),
     "PrefixDiffers": ("errors", "PrefixDiffers"),
     "ProblemLog": ("errors", "ProblemLog"),

@@ -25,6 +25,7 @@ EXIT_RESTARTED = 5
 EXIT_TLS = 6
 EXIT_CHILD = 7
 EXIT_LIMIT = 8
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
 class SendStreamError(Exception):
@@ -385,9 +386,39 @@ class TruncationError(TlsError):
 
 
 class KeyFileError(TlsError):
-    """A key file that cannot be read, is malformed, or is open to group or others."""
+    """A key file that is malformed, or open to group or others."""
 
     default_cause = TlsCause.SETUP
+
+
+class KeyFileUnreadable(KeyFileError):
+    """A key file that cannot be read or written (missing, no permission): an I/O error."""
+
+    exit_code = EXIT_IO
+
+
+class NetworkError(SendStreamError, OSError):
+    """A network operation failed: ``operation`` (e.g. ``connecting to backup:7000``) and why, as an
+    :class:`OSError` with its errno, so that a retry loop treats it as any other."""
+
+    exit_code = EXIT_IO
+
+    def __init__(self, operation: str, cause: OSError, hint: str = "") -> None:
+        OSError.__init__(self, cause.errno, cause.strerror)
+        self.operation = operation
+        self.reason = _reason(cause)
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.operation}: {self.reason}{f' ({self.hint})' if self.hint else ''}"
+
+
+def _reason(cause: OSError) -> str:
+    """``cause`` as words: its strerror in lower case, without ``[Errno N]``."""
+    if isinstance(cause, TimeoutError) and not cause.strerror:
+        return "no answer in time"
+    text = cause.strerror or str(cause) or type(cause).__name__
+    return text[:1].lower() + text[1:]
 
 
 class SessionError(SendStreamError):

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import errno
 import socket
 from dataclasses import dataclass
 
@@ -22,7 +23,11 @@ MAX_LINGER = 60.0  # after success, the longest wait for a sender that missed th
 
 def listen(host: str, port: int) -> socket.socket:
     """A listening TCP socket; ``::`` listens on every IPv6 and IPv4 address."""
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    where = f"listening on {_show(host, port)}"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise e.NetworkError(where, exc, f"cannot resolve {host!r}") from None
     last: OSError | None = None
     for family, kind, proto, _, address in infos:
         sock = socket.socket(family, kind, proto)
@@ -36,14 +41,33 @@ def listen(host: str, port: int) -> socket.socket:
         except OSError as exc:
             sock.close()
             last = exc
-    raise last or OSError(f"cannot listen on {host}:{port}")
+    assert last is not None  # getaddrinfo gives at least one address or raises
+    hint = "another process listens there: stop it or choose another port" if last.errno == errno.EADDRINUSE else ""
+    raise e.NetworkError(where, last, hint) from None
 
 
 def connect(host: str, port: int, timeout: float = CONNECT_TIMEOUT) -> socket.socket:
-    sock = socket.create_connection((host, port), timeout=timeout)
+    """A connected TCP socket; a failure names the address and the operation."""
+    where = f"connecting to {_show(host, port)}"
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except socket.gaierror as exc:
+        raise e.NetworkError(where, exc, f"cannot resolve {host!r}") from None
+    except TimeoutError:
+        raise e.NetworkError(where, TimeoutError(errno.ETIMEDOUT, f"no answer within {timeout:g} s")) from None
+    except OSError as exc:
+        hint = "is a receiver listening there?" if exc.errno == errno.ECONNREFUSED else ""
+        raise e.NetworkError(where, exc, hint) from None
     sock.settimeout(None)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
+
+
+def _show(host: str, port: int) -> str:
+    """``host:port`` as a person writes it: ``*`` for every address, IPv6 in brackets."""
+    if host == "::":
+        return f"*:{port}"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 @dataclass(frozen=True)

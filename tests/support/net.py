@@ -29,7 +29,7 @@ def sender(*args: str, data: bytes = b"") -> subprocess.CompletedProcess[bytes]:
     deadline = time.monotonic() + 10
     while True:
         result = subprocess.run([*CMD, "send", *args], input=data, capture_output=True)
-        if b"Connection refused" not in result.stderr or time.monotonic() > deadline:
+        if b"connection refused" not in result.stderr.lower() or time.monotonic() > deadline:
             return result
         time.sleep(0.1)
 

@@ -79,6 +79,7 @@ class SessionSender:
         stream: dict[str, Any] | None = None,
         log: Callable[[str], object] | None = None,
         progress: Callable[[int], object] | None = None,
+        notice: Callable[[str], object] | None = None,
     ) -> None:
         self._connect = connect
         self.retries = retries
@@ -90,6 +91,7 @@ class SessionSender:
         self._expected = stream
         self._log = log or (lambda text: None)
         self._progress = progress or (lambda n: None)
+        self._notice = notice or (lambda text: None)  # a wait for a retry, as it begins
         self._cond = threading.Condition()
         self._held = Backlog(skip_to)
         self.acked = skip_to  # the receiver's verified offset: everything before it is dropped from memory
@@ -262,12 +264,16 @@ class SessionSender:
         while True:
             if failures:
                 if failures > self.retries:
-                    what = "connecting" if first else "the connection dropped and"
+                    what = "no connection" if first else "the connection dropped"
                     raise SessionError(
-                        f"{what} {self.retries} reconnect attempt{'s' * (self.retries != 1)} failed; "
-                        f"last error: {self._last}"
+                        f"{what}, and {self.retries} more attempt{'s' * (self.retries != 1)} failed; the last: "
+                        f"{self._last}. Try again later (or with more --retries); a transfer that stopped on "
+                        "the way continues with `send --resume TOKEN`, the token the receiver prints when it stops"
                     )
-                time.sleep(min(self.retry_delay * 2 ** (failures - 1), MAX_BACKOFF))
+                delay = min(self.retry_delay * 2 ** (failures - 1), MAX_BACKOFF)
+                lost = "no connection" if first else "connection lost"
+                self._notice(f"{lost}; retry {failures}/{self.retries} in {delay:g} s")
+                time.sleep(delay)
             try:
                 self._channel = self._connect()
                 self._session(self._channel)
@@ -303,7 +309,12 @@ class SessionSender:
                     "use the receiver's latest token"
                 )
             if max(verified, resume) > max(self.written, self._skip_to):
-                raise SessionError(f"the receiver has {resume} bytes, more than the {self.written} sent")
+                raise SessionError(
+                    f"the receiver already has {max(verified, resume):,} bytes of a transfer and this sender has "
+                    f"sent {self.written:,}: it is still in an earlier run of this transfer (or another one). To "
+                    "continue that run give `--resume TOKEN` (the receiver prints it when it stops, and keeps it in "
+                    "FILE.part.resume); to start over, restart the receiver"
+                )
             self._advance(verified)
             if resume < self._held.base:
                 raise SessionError(

@@ -22,7 +22,7 @@ from typing import Final
 
 from ...errors import HandshakeError, TlsCause, TlsError, TruncationError, UsageError
 from .channel import Channel
-from .keys import ServerKeys
+from .keys import ServerKeys, fingerprint
 from .suites import SUITES
 
 # The kernel's TLS interface (linux/tls.h, linux/tcp.h); Python 3.11's socket module has none of these.
@@ -215,7 +215,10 @@ class TlsChannel(Channel):
     def start_client(self, key: bytes, identity: bytes, timeout: float | None) -> None:
         """Shake hands as the client, then offload; on failure, free the session and close the socket."""
         try:
-            self._client_handshake(key, identity, timeout)
+            try:
+                self._client_handshake(key, identity, timeout)
+            except HandshakeError as exc:
+                raise self._name_key(exc, key, identity.decode("utf-8", "backslashreplace")) from exc
             self.identity = identity.decode("utf-8")
             self._offload()
         except BaseException:
@@ -229,7 +232,9 @@ class TlsChannel(Channel):
                 self.identity = self._server_handshake(keys, timeout)
             except HandshakeError as exc:
                 failure = keys.lookup_failure()
-                if failure is None:
+                if failure is None and keys.found is not None:
+                    failure = self._name_key(exc, keys.found[1], keys.found[0])
+                if failure is None or failure is exc:
                     raise
                 raise failure from exc
             self._offload()
@@ -246,6 +251,18 @@ class TlsChannel(Channel):
     def _timed_out(self, timeout: float | None) -> HandshakeError:
         cause = TlsCause.NOT_TLS
         return HandshakeError(f"TLS handshake timed out after {timeout:.3g} s ({self._hint(cause)})", cause)
+
+    def _name_key(self, exc: HandshakeError, key: bytes, identity: str) -> HandshakeError:
+        """A handshake that failed on the key, told as such with the local key's fingerprint
+        (which both ends can compare), instead of the alert that said so."""
+        if exc.cause not in (TlsCause.KEY, TlsCause.KEY_OR_MODE):
+            return exc
+        mode = f", or the peer does not use {self.mode}" if exc.cause is TlsCause.KEY_OR_MODE else ""
+        return HandshakeError(
+            f"TLS handshake failed: wrong key or identity{mode} (local fingerprint {fingerprint(key)}, "
+            f"identity {identity!r}; compare `sendstream key fingerprint FILE` on both ends)",
+            exc.cause,
+        )
 
     def _hint(self, cause: TlsCause | None) -> str:
         """What to check, for the message of a failed handshake."""

@@ -9,21 +9,26 @@ import re
 from collections.abc import Callable
 from typing import Final
 
-from ...errors import HandshakeError, KeyFileError, TlsCause, UsageError
+from ...errors import HandshakeError, KeyFileError, KeyFileUnreadable, TlsCause, UsageError
 
 MAX_IDENTITY: Final = 128  # bytes of UTF-8; OpenSSL and GnuTLS accept at least this much
 SALT_PREFIX: Final = b"sendstream-psk:"
 
 _MAX_KEY_FILE = 64 << 10
+_HEX = re.compile(rb"[0-9A-Fa-f]+")
+_BASE64 = re.compile(rb"[A-Za-z0-9+/]+={0,2}")
 _PEM = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----\r?\n(.*?)-----END \1-----", re.DOTALL)
 
 
-def load_key(path: str | os.PathLike[str]) -> bytes:
+def load_key(path: str | os.PathLike[str], warn: Callable[[str], object] | None = None) -> bytes:
     """The pre-shared key in ``path``: a PEM block's base64 body, else the file's bytes exactly.
 
     Raw bytes are used as stored, with no newline stripped: a key is binary,
-    and a random key ends in ``\\n`` once in 256 times. Like ssh with private
-    keys, a file that group or others may access in any way is refused.
+    and a random key ends in ``\\n`` once in 256 times (keys deployed that
+    way keep working). A raw file that looks like text (base64, hex, a
+    trailing newline) is passed to ``warn``: which bytes are used, and the
+    fingerprint. Like ssh with private keys, a file that group or others may
+    access in any way is refused.
     """
     try:
         with open(path, "rb") as f:
@@ -35,7 +40,7 @@ def load_key(path: str | os.PathLike[str]) -> bytes:
                 )
             data = f.read(_MAX_KEY_FILE + 1)
     except OSError as exc:
-        raise KeyFileError(f"cannot read key file {os.fspath(path)!r}: {exc.strerror}") from exc
+        raise KeyFileUnreadable(f"cannot read key file {os.fspath(path)!r}: {exc.strerror}") from exc
     if len(data) > _MAX_KEY_FILE:
         raise KeyFileError(f"key file {os.fspath(path)!r} is larger than {_MAX_KEY_FILE} bytes: not a key")
     pem = _PEM.search(data)
@@ -46,7 +51,61 @@ def load_key(path: str | os.PathLike[str]) -> bytes:
             raise KeyFileError(f"key file {os.fspath(path)!r}: bad base64 in the PEM block ({exc})") from exc
     if not data:
         raise KeyFileError(f"key file {os.fspath(path)!r} holds no key")
+    if not pem and warn is not None:
+        trap = text_key_trap(data)
+        if trap:
+            warn(
+                f"key file {os.fspath(path)!r} has no PEM armour, so its {len(data)} bytes are the key "
+                f"exactly as stored ({trap}); fingerprint {fingerprint(data)}. The other end must use the same "
+                f"bytes; `sendstream key new FILE` writes a key without this trap (README: Keys)"
+            )
     return data
+
+
+def text_key_trap(data: bytes) -> str | None:
+    """What makes raw key bytes a trap (they look like text that means other bytes), or None."""
+    if not all(32 <= b < 127 or b in b"\t\r\n" for b in data):
+        return None  # binary: used as it is, as meant
+    body = data.strip()
+    newline = " and the trailing newline is part of it" if data.endswith(b"\n") else ""
+    if _HEX.fullmatch(body) and len(body) % 2 == 0:
+        return f"they look like hex: the text is the key, not the {len(body) // 2} bytes it spells{newline}"
+    if _BASE64.fullmatch(body) and len(body) % 4 == 0:
+        return f"they look like base64: the text is the key, not the bytes it decodes to{newline}"
+    return f"it is text{newline}" if newline else None
+
+
+def fingerprint(key: bytes) -> str:
+    """A short name of ``key`` to compare between hosts: ``sha256:`` and the first 16 hex
+    digits of its SHA-256 (for a raw key file, what ``sha256sum FILE`` starts with)."""
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(key).hexdigest()[:16]
+
+
+PEM_LABEL: Final = "SENDSTREAM PSK"
+NEW_KEY_BYTES: Final = 32
+
+
+def new_key_file(path: str | os.PathLike[str]) -> bytes:
+    """Write a new random key to ``path`` (which must not exist) as a PEM block, mode 0600; return the key."""
+    key = os.urandom(NEW_KEY_BYTES)
+    text = f"-----BEGIN {PEM_LABEL}-----\n{base64.b64encode(key).decode()}\n-----END {PEM_LABEL}-----\n"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        raise UsageError(f"{os.fspath(path)!r} exists: a key file is never overwritten") from None
+    except OSError as exc:
+        raise KeyFileUnreadable(f"cannot create key file {os.fspath(path)!r}: {exc.strerror}") from exc
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    except OSError as exc:
+        os.close(fd)
+        os.unlink(path)
+        raise KeyFileUnreadable(f"cannot write key file {os.fspath(path)!r}: {exc.strerror}") from exc
+    os.close(fd)
+    return key
 
 
 def derive_key(password: str, salt: bytes | str) -> bytes:
@@ -80,6 +139,7 @@ class ServerKeys:
         self.keys = keys
         self.unknown: str | None = None
         self.error: BaseException | None = None
+        self.found: tuple[str, bytes] | None = None  # the identity and key the client was checked against
 
     def find(self, raw_identity: bytes) -> bytes | None:
         """The key for ``raw_identity``; None for an unknown identity (kept in ``unknown``) or a failed lookup."""
@@ -92,6 +152,7 @@ class ServerKeys:
         if not key:
             self.unknown = identity
             return None
+        self.found = (identity, key)
         return key
 
     def lookup_failure(self) -> BaseException | None:
