@@ -14,6 +14,7 @@ import click
 
 from . import __version__
 from . import errors as e
+from .admin import key, man
 from .codec.crc import IMPLEMENTATION
 from .codec.native import PATH
 from .format.layout import MAX_VERSION
@@ -22,6 +23,7 @@ from .io.windows import open_input
 from .ops.verify import find_headers
 from .options import (
     ListenOptions,
+    ProgressOptions,
     SenderOptions,
     TlsOptions,
     convert_options,
@@ -33,7 +35,7 @@ from .options import (
     listen_options,
     max_size_option,
     output_options,
-    quiet_option,
+    progress_options,
     reconnect_timeout_option,
     relay_listen_option,
     resume_option,
@@ -46,20 +48,18 @@ from .options import (
     tracker_options,
     verbose_option,
 )
-from .terminal import Group, error, logger, progress, run_command, warn, warner
+from .terminal import Group, error, logger, run_command, warn, warner
 
 if TYPE_CHECKING:
     from .net.session.receiver import SessionReceiver
     from .net.sinks import Sink
 
-# Modules that only some commands need (network, extraction, paths, dump,
-# repair, the writer, subprocess) load when those commands run: imported
-# up front they would double the start-up time of every command. The TLS
-# package is light until a connection loads its library (see net.tls.connect).
+# What only some commands need loads when they run: imported up front it would double every
+# command's start-up. The TLS package is light until a connection loads its library.
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="sendstream")
+@click.version_option(__version__, "-V", "--version", prog_name="sendstream")
 @click.option("--traceback", "show_traceback", is_flag=True, help="Show a Python traceback on errors.")
 @click.pass_context
 def cli(ctx: click.Context, show_traceback: bool) -> None:
@@ -215,12 +215,12 @@ def repair(source: str, target: str, keep_last: bool, quiet: bool, max_command_s
 
 @cli.command()
 @to_option
-@click.argument("stream", default="-")
+@stream_argument
 @tls_options()
 @sender_options
 @send_options
-@quiet_option
-@verbose_option("Say which TLS path each direction uses, and every reconnect.")
+@progress_options
+@verbose_option("Say which TLS path each direction uses (with why kTLS is off), and every reconnect.")
 def send(
     target: str,
     stream: str,
@@ -228,7 +228,7 @@ def send(
     sending: SenderOptions,
     token: str | None,
     no_status: bool,
-    quiet: bool,
+    show: ProgressOptions,
     verbose: bool,
 ) -> None:
     """Check, heal and send STREAM (a file or -, e.g. from `btrfs send`) to HOST:PORT.
@@ -260,14 +260,14 @@ def send(
         summary = send_stream(
             source,
             connect,
-            progress("sent", quiet),
+            show.progress("sent"),
             resume=checkpoint,
             expect_status=not no_status,
             log=log,
             **sending.retrying(),
         )
-    if not quiet:
-        click.echo(f"sendstream: {summary.line('sent')}", err=True)
+    if not show.quiet:
+        click.echo(f"sendstream: {summary.line('sent', verbose=verbose)}", err=True)
 
 
 @cli.command()
@@ -275,8 +275,8 @@ def send(
 @tls_options()
 @listen_options(reconnect=True)
 @resume_option
-@quiet_option
-@verbose_option("Say which TLS path each direction uses, and every reconnect.")
+@progress_options
+@verbose_option("Say which TLS path each direction uses (with why kTLS is off), and every reconnect.")
 def receive(
     address: str,
     output: str | None,
@@ -284,7 +284,7 @@ def receive(
     tls: TlsOptions,
     listen: ListenOptions,
     resume: bool,
-    quiet: bool,
+    show: ProgressOptions,
     verbose: bool,
 ) -> None:
     """Accept one sender, check every command, and write only checked ones
@@ -316,15 +316,16 @@ def receive(
         # SIGTERM ends the transfer like an error: the token is printed, the journal kept
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
+    progress = show.progress("received")
+    above = progress.above if progress.mode == "bar" else None  # a child's `At subvol` goes above the bar
+
     def sink(session: SessionReceiver) -> Sink:
-        return target.sink(session.raw, key, checkpoint, notify=logger(verbose=True), journaling=journaling)
+        return target.sink(session.raw, key, checkpoint, notify=logger(True), journaling=journaling, child_stderr=above)
 
     listening = listen.listening(address, tls, key)
-    summary = receiving.receive(
-        listening, sink, progress("received", quiet), warn=warner(), log=logger(verbose), resume=checkpoint
-    )
-    if not quiet:
-        click.echo(f"sendstream: {summary.line('received')}", err=True)
+    summary = receiving.receive(listening, sink, progress, warn=warner(), log=logger(verbose), resume=checkpoint)
+    if not show.quiet:
+        click.echo(f"sendstream: {summary.line('received', verbose=verbose)}", err=True)
 
 
 @cli.command()
@@ -335,8 +336,8 @@ def receive(
 @sender_options
 @reconnect_timeout_option
 @idle_timeout_option
-@quiet_option
-@verbose_option("Say which TLS path each leg uses, and every reconnect.")
+@progress_options
+@verbose_option("Say which TLS path each leg uses (with why kTLS is off), and every reconnect.")
 def relay(
     address: str,
     target: str,
@@ -345,7 +346,7 @@ def relay(
     sending: SenderOptions,
     reconnect_timeout: float,
     idle_timeout: float,
-    quiet: bool,
+    show: ProgressOptions,
     verbose: bool,
 ) -> None:
     """Accept one sender on --listen and send its stream on to --to, checking and
@@ -368,18 +369,18 @@ def relay(
     summary = relaying.relay(
         listen.listening(address, listen_tls, listen_key),
         connect,
-        progress("relayed", quiet),
+        show.progress("relayed"),
         warn=warner("upstream: "),
         upstream_log=logger(verbose, "upstream: "),
         log=log,
         **sending.retrying(),
     )
-    if not quiet:
-        click.echo(f"sendstream: {summary.line('relayed')}", err=True)
+    if not show.quiet:
+        click.echo(f"sendstream: {summary.line('relayed', verbose=verbose)}", err=True)
 
 
 @cli.command()
-@click.argument("stream")
+@click.argument("stream", type=click.Path(dir_okay=False, allow_dash=True))
 @click.argument("directory", metavar="DIR", type=click.Path(exists=True, file_okay=False))
 @extract_options
 @max_size_option
@@ -432,6 +433,10 @@ def stats(stream: str, **options: Any) -> None:
     from .render.paths import write_stats
 
     write_stats(stream, sys.stdout.buffer, warn=warn, **given(**options))
+
+
+cli.add_command(key)
+cli.add_command(man)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import click
 
@@ -20,6 +20,7 @@ from .terminal import psk
 
 if TYPE_CHECKING:
     from .net.address import Listening, TlsSettings
+    from .net.progress import Progress
     from .net.tls import Channel
 
 Decorator = Callable[[Any], Any]
@@ -63,10 +64,84 @@ def verbose_option(what: str) -> Decorator:
     return click.option("-v", "--verbose", is_flag=True, help=what)
 
 
-stream_argument = click.argument("stream", default="-")
-in_out_arguments = options(click.argument("source", metavar="IN"), click.argument("target", metavar="OUT"))
+# a file name or -: typed as a path so that shell completion offers file names
+STREAM_PATH = click.Path(dir_okay=False, allow_dash=True)
+stream_argument = click.argument("stream", default="-", type=STREAM_PATH)
+in_out_arguments = options(
+    click.argument("source", metavar="IN", type=STREAM_PATH), click.argument("target", metavar="OUT", type=STREAM_PATH)
+)
 summary_option = click.option("-q", "--quiet", is_flag=True, help="No summary line.")
-quiet_option = click.option("-q", "--quiet", is_flag=True, help="No progress and no summary.")
+
+
+class ByteSize(click.ParamType):  # type: ignore[type-arg]
+    """A size in bytes: ``123456``, ``300M``, ``1.5G``, ``2TiB`` (K, M, G, T are powers of 1024)."""
+
+    name = "size"
+    _POWERS: ClassVar[dict[str, int]] = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower().removesuffix("b").removesuffix("i")
+        unit = text[-1:] if text[-1:].isalpha() else ""
+        try:
+            number = float(text[: len(text) - len(unit)])
+            power = self._POWERS[unit]
+        except (KeyError, ValueError):
+            self.fail(f"expected a size such as 123456, 300M or 1.5G, got {value!r}", param, ctx)
+        if not number >= 0:
+            self.fail(f"a size cannot be negative: {value!r}", param, ctx)
+        return int(number * 1024**power)
+
+
+def _progress_mode(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, float]:
+    from .net.progress import parse_mode
+
+    try:
+        return parse_mode(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgressOptions:
+    """What a transfer shows: nothing and no summary (``quiet``), else the progress in ``mode``."""
+
+    quiet: bool
+    mode: tuple[str, float]
+    total: int | None
+
+    def progress(self, label: str) -> Progress:
+        from .net.progress import NONE, Progress
+
+        name, every = self.mode
+        return Progress(label, mode=NONE if self.quiet else name, every=every, total=self.total)
+
+
+progress_options = grouped(
+    "show",
+    ProgressOptions,
+    ("quiet", "progress_mode", "total"),
+    click.option("-q", "--quiet", is_flag=True, help="No progress and no summary."),
+    click.option(
+        "--progress",
+        "progress_mode",
+        default="auto",
+        show_default=True,
+        metavar="auto|bar|plain[:SECONDS]|none",
+        callback=_progress_mode,
+        help="bar: one line redrawn on the terminal (auto: when stderr is one); plain: a line every "
+        "SECONDS (10) for logs.",
+    ),
+    click.option(
+        "--size",
+        "total",
+        type=ByteSize(),
+        metavar="BYTES",
+        help="The stream's size, for the percentage and ETA when it is not a file (e.g. 12G, from the "
+        "last transfer's summary or du of the snapshot).",
+    ),
+)
 to_option = click.option(
     "--to", "target", required=True, metavar="HOST:PORT", help="Where a `sendstream receive` listens."
 )
@@ -89,7 +164,13 @@ output_options = options(
         "--listen", "address", required=True, metavar="HOST:PORT", help="Address to listen on ('*:PORT': all)."
     ),
     click.option("-o", "--output", default=None, metavar="FILE", help="Write the stream to FILE (- for stdout)."),
-    click.option("--exec", "command", default=None, metavar="CMD", help="Write the stream to the stdin of CMD."),
+    click.option(
+        "--exec",
+        "command",
+        default=None,
+        metavar="CMD",
+        help="Write the stream to the stdin of CMD, run by sh -c as ssh runs it (pipes work).",
+    ),
 )
 resume_option = click.option(
     "--resume", is_flag=True, help="Continue the unfinished transfer to FILE (-o) where its last durable command ended."

@@ -6,14 +6,11 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 import click
 
 from . import errors as e
-
-if TYPE_CHECKING:
-    from .net.progress import Progress
 
 
 def warn(message: str) -> None:
@@ -39,12 +36,6 @@ def warner(prefix: str = "") -> Callable[[str], object]:
     return lambda text: warn(f"{prefix}{text}")
 
 
-def progress(label: str, quiet: bool) -> Progress:
-    from .net.progress import Progress
-
-    return Progress(label, enabled=False if quiet else None)
-
-
 def psk(mode: str, key_file: str | None, identity: str, leg: str = "") -> bytes | None:
     """The key of ``--tls``/``--key``/``--identity`` (of a relay's ``leg``): the file, else a password asked."""
     import getpass
@@ -56,7 +47,7 @@ def psk(mode: str, key_file: str | None, identity: str, leg: str = "") -> bytes 
         warn(f"{flag}tls none: the stream crosses the network unencrypted")
         return None
     if key_file:
-        return load_key(key_file)
+        return load_key(key_file, warn=warn)
     # getpass asks on /dev/tty, else on standard input if it is a terminal, else it would read
     # standard input (the stream itself, under cron) as the password
     if not sys.stdin.isatty():
@@ -73,8 +64,50 @@ class ReaderGone(Exception):
     """Standard output's reader went away (``| head``): not an error of ours."""
 
 
+# Where each command reads and writes a stream, by parameter name: a stream
+# never comes from, or goes to, a terminal (as `btrfs send` and `zfs send` refuse).
+_STREAM_INPUTS = ("stream", "source")
+_STREAM_OUTPUTS = {"repair": "target", "convert": "target"}
+
+
+class Command(click.Command):
+    """A command with its examples at the end of its help, that refuses to read a
+    stream from a terminal (it would wait there) or write one to it (usage, exit 2)."""
+
+    def __init__(self, name: str | None, **kwargs: Any) -> None:
+        from .manual import epilog
+
+        kwargs.setdefault("epilog", epilog(name or ""))
+        super().__init__(name, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        params = ctx.params
+        if sys.stdin.isatty() and not params.get("address") and "-" in (params.get(p) for p in _STREAM_INPUTS):
+            raise click.UsageError(
+                f"no stream given, and standard input is a terminal: give a file, or pipe a stream in "
+                f"(btrfs send SNAPSHOT | sendstream {ctx.info_name} ...)",
+                ctx,
+            )
+        if sys.stdout.isatty() and _writes_stream_to_stdout(ctx.info_name or "", params):
+            raise click.UsageError(
+                "refusing to write a stream to a terminal: redirect standard output "
+                "(> FILE, | btrfs receive DIR) or name a file",
+                ctx,
+            )
+        return super().invoke(ctx)
+
+
+def _writes_stream_to_stdout(name: str, params: dict[str, Any]) -> bool:
+    if name == "receive":
+        return params.get("command") is None and params.get("output") in (None, "-")
+    return name in _STREAM_OUTPUTS and params.get(_STREAM_OUTPUTS[name]) == "-"
+
+
 class Group(click.Group):
     """The command group: a reader that goes away ends a command quietly."""
+
+    command_class = Command
+    group_class = type  # subgroups (``key``) are of this class too
 
     def invoke(self, ctx: click.Context) -> Any:
         # click turns EPIPE into exit 1 on its own; every command of ours ends quietly with 0
@@ -94,9 +127,9 @@ def run_command(group: click.Group, argv: list[str] | None) -> int:
     except click.ClickException as exc:
         exc.show()
         return e.EXIT_USAGE
-    except click.exceptions.Abort:
-        print("Aborted!", file=sys.stderr)
-        return 130
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        print("sendstream: interrupted", file=sys.stderr)
+        return e.EXIT_INTERRUPTED
     except SystemExit as exc:
         return int(exc.code or 0)
     except (BrokenPipeError, ReaderGone):
@@ -116,7 +149,16 @@ def _report(exc: BaseException, show_traceback: bool, err: IO[str]) -> None:
         import traceback
 
         traceback.print_exc(file=err)
-    print(f"sendstream: error: {exc}", file=err)
+    print(f"sendstream: error: {_words(exc)}", file=err)
+
+
+def _words(exc: BaseException) -> str:
+    """An error as a person reads it: an OSError of ours says itself; another names its file, as cat does,
+    without ``[Errno N]``."""
+    if isinstance(exc, OSError) and not isinstance(exc, e.SendStreamError) and exc.strerror:
+        names = [repr(n) for n in (exc.filename, exc.filename2) if n is not None]
+        return f"{' -> '.join(names)}: {exc.strerror}" if names else exc.strerror
+    return str(exc)
 
 
 def _quiet_stdout() -> None:

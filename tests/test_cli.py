@@ -72,7 +72,7 @@ def test_truncated_input_has_its_own_exit_code() -> None:
 def test_io_and_usage_errors() -> None:
     missing = run("verify", "/nonexistent/stream")
     assert missing.returncode == 4
-    assert missing.stderr == b"sendstream: error: [Errno 2] No such file or directory: '/nonexistent/stream'\n"
+    assert missing.stderr == b"sendstream: error: '/nonexistent/stream': No such file or directory\n"
     usage = run("verify", "--no-such-option")
     assert usage.returncode == 2 and b"No such option" in usage.stderr
 

@@ -29,7 +29,7 @@ FLOORS = [
     {"render"},
     {"extract"},
     {"net"},
-    {"cli", "options", "terminal", "__main__", "__init__"},
+    {"cli", "options", "terminal", "admin", "manual", "__main__", "__init__"},
 ]
 # Inside a floor with several rooms, who may use whom (the top floor's rooms may use each other).
 SIDEWAYS: set[tuple[str, str]] = set()

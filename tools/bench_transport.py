@@ -302,7 +302,7 @@ class Bench:
         paths = []
         for (side, verb, *_), path in zip(sides, logs, strict=True):
             text = path.read_text(errors="replace")
-            if f"sendstream: {verb} {size} bytes in " not in text:
+            if f"sendstream: {verb} " not in text or f" ({size:,} bytes) in " not in text:
                 raise BenchError(f"sendstream {side}: no '{verb} {size} bytes' summary:\n{text[-2000:]}")
             lines = [x for x in text.splitlines() if x.startswith("sendstream: ") and "warning" not in x]
             if lines:

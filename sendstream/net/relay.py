@@ -82,7 +82,9 @@ def relay_stream(
     downstream: Downstream
     with _downstream_errors():
         if resumable:
-            downstream = SessionSender(connect, retries=retries, retry_delay=retry_delay, window=window, log=log)
+            downstream = SessionSender(
+                connect, retries=retries, retry_delay=retry_delay, window=window, log=log, notice=progress.note
+            )
         else:
             downstream = PlainSender(connect())
 

@@ -12,6 +12,7 @@ while it sends). :func:`connector` dials, :func:`send` sends a whole stream.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -202,6 +203,7 @@ def send_resumable(
         stream=resume.stream if resume else None,
         log=log,
         progress=progress.add,
+        notice=progress.note,
     )
     ledger = Ledger(resume) if resume else None
     healer = Healer(sender.write, ledger=ledger)
@@ -263,6 +265,8 @@ def send(
     """Check, heal and send ``source``: the plain stream through one channel (:func:`send_stream`), or,
     ``resumable`` or from a receiver's ``resume`` checkpoint, in a session that survives drops
     (:func:`send_resumable`). Returns once the receiver reported success."""
+    if progress.total is None and is_regular(source):
+        progress.total = os.fstat(source.fileno()).st_size - source.tell()
     if not resumable and resume is None:
         with connect() as channel:
             return send_stream(source, channel, progress, expect_status=expect_status)

@@ -13,14 +13,19 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
-import shlex
+import fcntl
+import struct
 import subprocess
+import termios
+import threading
+import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import BinaryIO, Self
 
 from .. import errors as e
 from ..io.outputs import atomic_output, is_special
+from ..io.pipes import widen
 from ..ops.ledger import Checkpoint
 from .journal import Journal, load_state, refuse_unfinished
 
@@ -124,20 +129,35 @@ class JournalSink(Sink):
 
 
 class ChildSink(Sink):
-    """The standard input of ``command``, split as the shell would but run without one (e.g. ``btrfs receive DIR``).
+    """The standard input of ``command``, run by ``sh -c`` as ``ssh host CMD`` runs it
+    (``btrfs receive DIR``, ``zstd -d | btrfs receive DIR``).
 
     Nothing unchecked is written: on an error the child sees its input end
     early. A child that stops reading, or exits non-zero, is a
     :class:`~sendstream.errors.ChildFailed` that names the command.
     """
 
-    def __init__(self, command: str) -> None:
+    def __init__(self, command: str, stderr: Callable[[str], object] | None = None) -> None:
         self.command = command
+        self._stderr = stderr
         self._child: subprocess.Popen[bytes] | None = None
+        self._relay: threading.Thread | None = None
 
     def __enter__(self) -> Self:
-        self._child = subprocess.Popen(shlex.split(self.command), stdin=subprocess.PIPE)
+        piped = subprocess.PIPE if self._stderr else None
+        self._child = subprocess.Popen(["/bin/sh", "-c", self.command], stdin=subprocess.PIPE, stderr=piped)
+        assert self._child.stdin is not None
+        widen(self._child.stdin.fileno())
+        if self._child.stderr is not None:
+            self._relay = threading.Thread(target=self._pass_stderr, args=(self._child.stderr,), daemon=True)
+            self._relay.start()
         return self
+
+    def _pass_stderr(self, pipe: BinaryIO) -> None:
+        assert self._stderr is not None
+        with pipe:
+            for line in pipe:
+                self._stderr(line.decode(errors="replace").rstrip("\n"))
 
     def write(self, data: Data) -> None:
         assert self._child is not None and self._child.stdin is not None
@@ -150,13 +170,41 @@ class ChildSink(Sink):
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         child = self._child
         assert child is not None and child.stdin is not None
+        unread = 0
         with contextlib.suppress(BrokenPipeError):
+            child.stdin.flush()
+            if kind is None:
+                unread = _drained(child)
             child.stdin.close()
         code = child.wait()
-        if isinstance(exc, BrokenPipeError):
-            raise e.ChildFailed(f"{self.command!r} exited (status {code}) before it read the whole stream") from exc
+        if self._relay is not None:
+            self._relay.join()  # every line the child wrote is shown before our own last words
+        hint = ": sh found no such command" if code == 127 else ""
+        if isinstance(exc, BrokenPipeError) or unread:
+            raise e.ChildFailed(
+                f"{self.command!r} exited (status {code}{hint}) before it read the whole stream"
+            ) from exc
         if kind is None and code:
-            raise e.ChildFailed(f"{self.command!r} exited with status {code}")
+            raise e.ChildFailed(f"{self.command!r} exited with status {code}{hint}")
+
+
+def _drained(child: subprocess.Popen[bytes]) -> int:
+    """Wait until ``child`` has read all its pipe holds, or exited; the bytes it left unread.
+
+    The pipe holds up to a megabyte (see :mod:`sendstream.io.pipes`): a child
+    that exits early with status 0 (``head -c 100``) no longer makes our last
+    write fail, so what it left in the pipe is what tells.
+    """
+    assert child.stdin is not None
+    fd, pause = child.stdin.fileno(), 0.0005
+    while (left := _pending(fd)) and child.poll() is None:
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+    return left
+
+
+def _pending(fd: int) -> int:
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]  # type: ignore[no-any-return]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,11 +247,13 @@ class Target:
         checkpoint: Checkpoint | None,
         notify: Callable[[str], object],
         journaling: Callable[[], object] = lambda: None,
+        child_stderr: Callable[[str], object] | None = None,
     ) -> Sink:
         """The sink for a sender (``raw``: one without a session, so without an identity
-        to keep a journal of); ``journaling`` is called when a journal starts."""
+        to keep a journal of); ``journaling`` is called when a journal starts; a child's
+        stderr goes line by line to ``child_stderr`` when given, else to ours."""
         if self.command:
-            return ChildSink(self.command)
+            return ChildSink(self.command, child_stderr)
         if self.journaled and not raw:
             assert self.output and key
             journaling()
