@@ -89,6 +89,18 @@ def test_differential_fuzz(path: Path, data: st.DataObject) -> None:
     both(raw[:cut], start, data.draw(st.sampled_from([1, 2, 3])))
 
 
+def test_a_damaged_end_over_the_next_header_stops_both_scanners() -> None:
+    """Found by the fuzz test: END's length made 1 takes in the first byte of the next stream's
+    header; the framer waits to see whether a restart starts there, and then finds one. The
+    scanners stop at the damaged command on both paths and leave that to the framer."""
+    data = bytearray((FIXTURES / "two-concat-v1.stream").read_bytes())
+    start, version = streams_of(bytes(data))[0]
+    end = streams_of(bytes(data))[1][0] - 17 - 10  # the END of the first stream
+    data[end] = 1
+    for cut in (end + 11, end + 11 + 17 + 10, len(data)):
+        assert both(data[:cut], start, version)[:3] == (end, 2, 0)
+
+
 def test_arrays_of_offsets_commands_and_lengths() -> None:
     data = (FIXTURES / "rich-full-v2.stream").read_bytes()
     marks = boundaries(data)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import FormatError
+from .events import Restart
 from .framer import Framer
 from .native import END, NEED, STOP
 
@@ -35,13 +36,19 @@ def python_scan(buf: Any, pos: int, version: int, max_len: int) -> tuple[int, in
     count = nbytes = 0
     while True:
         try:
-            _event, end, need = framer.step(mv, pos, False, 0)
+            event, end, need = framer.step(mv, pos, False, 0)
         except FormatError:
+            return pos, STOP, 0, count, nbytes
+        if event.__class__ is Restart:  # a restart is the framer's to find: the scanner stops before it
             return pos, STOP, 0, count, nbytes
         if not framer.version:
             return end, END, 0, count + 1, nbytes + end - pos
         if need:
-            return pos, NEED, need, count, nbytes
+            # a command the scanner can judge whole (all there, or too long) that the framer only waits
+            # on to look for a restart inside it: the scanner stops there and leaves that to the framer
+            length = int.from_bytes(mv[pos : pos + 4], "little") if len(mv) - pos >= 10 else -1
+            judged = length > max_len or 0 <= length <= len(mv) - pos - 10
+            return (pos, STOP, 0, count, nbytes) if judged else (pos, NEED, need, count, nbytes)
         count += 1
         nbytes += end - pos
         pos = end
