@@ -79,6 +79,9 @@ class ByteSize(click.ParamType):  # type: ignore[type-arg]
     name = "size"
     _POWERS: ClassVar[dict[str, int]] = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
 
+    def __init__(self, minimum: int = 0) -> None:
+        self.minimum = minimum
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int):
             return value
@@ -89,9 +92,10 @@ class ByteSize(click.ParamType):  # type: ignore[type-arg]
             power = self._POWERS[unit]
         except (KeyError, ValueError):
             self.fail(f"expected a size such as 123456, 300M or 1.5G, got {value!r}", param, ctx)
-        if not number >= 0:
-            self.fail(f"a size cannot be negative: {value!r}", param, ctx)
-        return int(number * 1024**power)
+        size = int(number * 1024**power) if 0 <= number < 1e18 else -1  # not nan, inf or negative
+        if size < self.minimum:
+            self.fail(f"expected a size of at least {self.minimum}, got {value!r}", param, ctx)
+        return size
 
 
 def _progress_mode(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, float]:
@@ -303,6 +307,7 @@ class SenderOptions:
     retry_delay: float
     timeout: float
     resumable: bool
+    rate_limit: int | None
 
     def retrying(self) -> dict[str, Any]:
         """The library's arguments for how a sending end retries."""
@@ -315,13 +320,13 @@ class SenderOptions:
         from .net.address import Address, Dialing
         from .net.sending import connector
 
-        return connector(Dialing(Address.parse(target), tls.settings(key), self.timeout), log)
+        return connector(Dialing(Address.parse(target), tls.settings(key), self.timeout, self.rate_limit), log)
 
 
 sender_options = grouped(
     "sending",
     SenderOptions,
-    ("retries", "retry_delay", "timeout", "resumable"),
+    ("retries", "retry_delay", "timeout", "resumable", "rate_limit"),
     click.option(
         "--retries",
         type=click.IntRange(min=0),
@@ -349,6 +354,12 @@ sender_options = grouped(
         "--resumable",
         is_flag=True,
         help="Run a session that survives dropped connections (needs a sendstream receiver; ~30% slower).",
+    ),
+    click.option(
+        "--rate-limit",
+        type=ByteSize(minimum=1),
+        metavar="RATE",
+        help="Send at most RATE bytes a second, evenly, as pv -L does (30M: 30 MiB/s; K, M, G: powers of 1024).",
     ),
 )
 

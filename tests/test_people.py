@@ -523,3 +523,99 @@ def test_the_manual_page_has_every_command_and_exit_code() -> None:
     for code in (0, 1, 2, 3, 4, 5, 6, 7, 8, 130):
         assert f".TP\n\\fB{code}\\fR\n" in page
     assert "\\fB\\-\\-max\\-command\\-size BYTES\\fR" in page  # options, escaped for roff
+
+
+# --rate-limit: a token bucket, checked with a clock of our own
+
+
+def test_the_token_bucket_keeps_every_window_at_the_rate() -> None:
+    from sendstream.net.pacing import TokenBucket
+
+    rate = 1_000_000.0
+    now = 0.0
+    bucket = TokenBucket(rate, now)
+    assert bucket.burst == 50_000  # 50 ms of the rate
+    sent: list[tuple[float, int]] = []  # (time the bytes went, how many)
+    for chunk in [1 << 20, 100, 70_000, 3, 1 << 20] * 4:  # writes of any size, split as the channel does
+        for start in range(0, chunk, bucket.burst):
+            piece = min(bucket.burst, chunk - start)
+            now += bucket.delay(piece, now)
+            sent.append((now, piece))
+            now += 0.0001  # the send itself takes a little
+    total, elapsed = sum(n for _, n in sent), sent[-1][0]
+    assert abs(total / elapsed - rate) / rate < 0.03  # on average the rate (the first burst is free)
+    for start in [t / 10 for t in range(int(elapsed * 10) - 20)]:
+        window = sum(n for t, n in sent if start <= t < start + 2)
+        assert abs(window - 2 * rate) <= bucket.burst + 0.01 * rate, (start, window)  # within 2.5% + the sends
+
+
+def test_the_token_bucket_does_not_save_up_while_idle() -> None:
+    from sendstream.net.pacing import TokenBucket
+
+    bucket = TokenBucket(1000.0, 0.0, burst=100)
+    assert bucket.delay(100, 0.0) == 0.0  # a full bucket at the start
+    assert bucket.delay(100, 0.0) == pytest.approx(0.1)
+    assert bucket.delay(100, 60.0) == 0.0  # a minute idle refills the bucket, no more
+    assert bucket.delay(100, 60.0) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="more than 0"):
+        TokenBucket(0, 0.0)
+
+
+def test_rate_limited_transfer_is_complete(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    port = free_port()
+    recv = receiver("receive", "--listen", f"127.0.0.1:{port}", "--tls", "none", "-o", str(out), "-q")
+    wait_listening(port)
+    sent = sender("--to", f"127.0.0.1:{port}", str(SAMPLE), "--tls", "none", "--rate-limit", "4M", "-q")
+    recv.communicate(timeout=60)
+    assert (sent.returncode, recv.returncode) == (0, 0), sent.stderr
+    assert out.read_bytes() == SAMPLE.read_bytes()
+    bad = subprocess.run([*CMD, "send", "--to", "h:1", "--rate-limit", "0", str(SAMPLE)], capture_output=True, env=ENV)
+    assert bad.returncode == 2 and b"expected a size of at least 1, got '0'" in bad.stderr
+
+
+# the library for scripts
+
+
+def test_help_of_the_package_shows_the_public_api_only() -> None:
+    import pydoc
+
+    import sendstream
+
+    text = pydoc.render_doc(sendstream, renderer=pydoc.plaintext)  # type: ignore[attr-defined]
+    functions = text[text.index("\nFUNCTIONS\n") : text.index("\nDATA\n")]
+    names = {
+        line.split("(")[0].split(" = ")[0].strip()
+        for line in functions.splitlines()[1:]
+        if line.startswith("    ") and "(" in line and not line.startswith("     ")
+    }
+    assert names and names <= set(sendstream.__all__), names - set(sendstream.__all__)
+    assert "__getattr__" not in text and "_HOME" not in text
+
+
+def test_get_says_which_attributes_a_command_has() -> None:
+    import sendstream
+
+    write = next(ev for ev in sendstream.events(SAMPLE) if isinstance(ev, sendstream.Command) and ev.name == "write")
+    with pytest.raises(KeyError) as missing:
+        write.get("mode")
+    assert isinstance(missing.value, sendstream.AttributeNotFound)
+    assert str(missing.value) == "write has no attribute 'mode'; it has: path, file_offset, data"
+    with pytest.raises(sendstream.AttributeNotFound, match="no attribute is called 'pth'; write has: path, "):
+        write.get("pth")
+    assert write.get("mode", None) is None
+
+
+def test_verify_and_stats_say_what_each_stream_is() -> None:
+    incr = "snapshot rich_incr uuid=0160d3b5-224e-6c4b-a33b-0b7c20846e59 ctransid=9 "
+    incr += "parent_uuid=5751d173-386b-2e48-a1ec-5e5bd918dd22 parent_ctransid=7"
+    path = str(ROOT / "fixtures" / "rich-incr-v2.stream")
+    shown = subprocess.run([*CMD, "verify", path], capture_output=True, env=ENV)
+    assert shown.stdout.decode().splitlines()[0] == incr
+    stats = subprocess.run([*CMD, "stats", path], capture_output=True, env=ENV)
+    assert stats.stdout.decode().splitlines()[0] == f"stream 1 at offset 0, version 2: {incr}"
+    two = subprocess.run(
+        [*CMD, "verify", str(ROOT / "fixtures" / "two-concat-v2.stream")], capture_output=True, env=ENV
+    )
+    lines = two.stdout.decode().splitlines()
+    assert len(lines) == 3 and lines[0].startswith("subvol two_a_snap ") and lines[1].startswith("subvol two_b_snap ")

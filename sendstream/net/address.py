@@ -137,14 +137,19 @@ class Listening:
 
 @dataclass(frozen=True)
 class Dialing:
-    """How a sender reaches its receiver: where, with which TLS, and how long a connection and handshake may take."""
+    """How a sender reaches its receiver: where, with which TLS, how long a connection and handshake may
+    take, and how fast it may send."""
 
     address: Address
     tls: TlsSettings
     timeout: float = CONNECT_TIMEOUT
+    rate: float | None = None  # bytes a second at most, evenly; None: as fast as it goes
 
     def open(self) -> Channel:
         """A new channel: TCP connect and handshake."""
         sock = connect(self.address.host, self.address.port, timeout=self.timeout)
         sock.settimeout(self.timeout)
-        return self.tls.connect(sock, self.timeout)
+        channel = self.tls.connect(sock, self.timeout)
+        if self.rate:
+            channel.limit_rate(self.rate)
+        return channel

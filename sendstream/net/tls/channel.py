@@ -19,6 +19,7 @@ import socket
 import time
 
 from ...errors import TlsError, UsageError
+from ..pacing import TokenBucket
 
 
 class Channel(abc.ABC):
@@ -39,6 +40,7 @@ class Channel(abc.ABC):
         self._tx_done = False
         self._tx_failed = False
         self._rx_done = False
+        self._bucket: TokenBucket | None = None
 
     @property
     @abc.abstractmethod
@@ -58,12 +60,23 @@ class Channel(abc.ABC):
     def recv_into(self, buf: bytearray | memoryview) -> int:
         """Receive up to ``len(buf)`` bytes; 0 only at a clean end (TLS: the peer's close_notify)."""
 
+    def limit_rate(self, bytes_per_second: float) -> None:
+        """Send no faster than ``bytes_per_second`` from now on, evenly (see :class:`TokenBucket`)."""
+        self._bucket = TokenBucket(bytes_per_second, time.monotonic())
+
     def send_all(self, data: bytes | bytearray | memoryview) -> None:
         """Send every byte of ``data``."""
         self._check_send()
         with memoryview(data) as view:
             try:
-                self._send(view.cast("B"))
+                if self._bucket is None:
+                    self._send(view.cast("B"))
+                    return
+                flat, step = view.cast("B"), self._bucket.burst
+                for start in range(0, len(flat), step):
+                    piece = flat[start : start + step]
+                    self._pace(len(piece))
+                    self._send(piece)
             except BaseException:
                 self._tx_failed = True
                 raise
@@ -72,10 +85,25 @@ class Channel(abc.ABC):
         """Send ``count`` bytes of file ``fd`` from ``offset``; fewer only when the file ends first."""
         self._check_send()
         try:
-            return self._sendfile(fd, offset, count)
+            if self._bucket is None:
+                return self._sendfile(fd, offset, count)
+            sent = 0
+            while sent < count:
+                piece = min(self._bucket.burst, count - sent)
+                self._pace(piece)
+                n = self._sendfile(fd, offset + sent, piece)
+                sent += n
+                if n < piece:
+                    break
+            return sent
         except BaseException:
             self._tx_failed = True
             raise
+
+    def _pace(self, n: int) -> None:
+        assert self._bucket is not None
+        if wait := self._bucket.delay(n, time.monotonic()):
+            time.sleep(wait)
 
     def settimeout(self, seconds: float | None) -> None:
         """Bound every later wait to send or receive by ``seconds`` (``None``: wait for ever)."""
