@@ -9,6 +9,8 @@ the extraction package; its operation is :func:`extract_stream`.)
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
     from .codec.events import StreamHeader as StreamHeader
     from .codec.framer import Framer as Framer
     from .errors import ApplyError as ApplyError
+    from .errors import AttributeNotFound as AttributeNotFound
     from .errors import AttributeSize as AttributeSize
     from .errors import BadAttribute as BadAttribute
     from .errors import BadCommand as BadCommand
@@ -75,7 +78,6 @@ if TYPE_CHECKING:
     from .extract.report import ExtractReport as ExtractReport
     from .format.command import Command as Command
     from .format.specs import Timespec as Timespec
-    from .io.windows import events as events
     from .io.windows import file_events as file_events
     from .io.windows import iter_events as iter_events
     from .net.address import Address as Address
@@ -97,6 +99,7 @@ if TYPE_CHECKING:
     from .net.sinks import Target as Target
     from .ops.convert import convert as convert
     from .ops.downgrade import Downgrader as Downgrader
+    from .ops.events import events as events
     from .ops.identity import stream_identity as stream_identity
     from .ops.repair import Healer as Healer
     from .ops.repair import repair as repair
@@ -113,7 +116,7 @@ __version__ = "0.1.0"
 
 # Where each public name lives: loaded on first use, so that `import
 # sendstream.cli` (every command's start-up) pays only for what it runs.
-_HOME: dict[str, tuple[str, str]] = {
+_HOME = {
     "SubvolumeChanges": ("analysis.changes", "SubvolumeChanges"),
     "changes": ("analysis.changes", "changes"),
     "read_changes": ("analysis.changes", "read_changes"),
@@ -133,6 +136,7 @@ _HOME: dict[str, tuple[str, str]] = {
     "StreamHeader": ("codec.events", "StreamHeader"),
     "Framer": ("codec.framer", "Framer"),
     "ApplyError": ("errors", "ApplyError"),
+    "AttributeNotFound": ("errors", "AttributeNotFound"),
     "AttributeSize": ("errors", "AttributeSize"),
     "BadAttribute": ("errors", "BadAttribute"),
     "BadCommand": ("errors", "BadCommand"),
@@ -176,7 +180,7 @@ _HOME: dict[str, tuple[str, str]] = {
     "ExtractReport": ("extract.report", "ExtractReport"),
     "Command": ("format.command", "Command"),
     "Timespec": ("format.specs", "Timespec"),
-    "events": ("io.windows", "events"),
+    "events": ("ops.events", "events"),
     "file_events": ("io.windows", "file_events"),
     "iter_events": ("io.windows", "iter_events"),
     "Address": ("net.address", "Address"),
@@ -214,14 +218,20 @@ _HOME: dict[str, tuple[str, str]] = {
 __all__ = sorted(_HOME)
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module 'sendstream' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{home[0]}", __name__), home[1])
-    globals()[name] = value
-    return value
+class _Package(types.ModuleType):
+    """This package: each public name loads on first use. (Methods, not module functions, so that
+    ``help(sendstream)`` lists the public API only.)"""
+
+    def __getattr__(self, name: str) -> Any:
+        home = _HOME.get(name)
+        if home is None:
+            raise AttributeError(f"module 'sendstream' has no attribute {name!r}")
+        value = getattr(importlib.import_module(f".{home[0]}", __name__), home[1])
+        setattr(self, name, value)
+        return value
+
+    def __dir__(self) -> list[str]:
+        return sorted([*globals(), *__all__])
 
 
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+sys.modules[__name__].__class__ = _Package

@@ -40,6 +40,23 @@ class UsageError(SendStreamError):
     exit_code = EXIT_USAGE
 
 
+class AttributeNotFound(UsageError, KeyError):
+    """``Command.get`` of an attribute the command does not have, or a name no attribute has;
+    ``has`` lists the attributes the command has. A :class:`KeyError`, as a mapping's would be."""
+
+    def __init__(self, key: str | int, command: str, has: list[str], known: bool = True) -> None:
+        super().__init__(key)
+        self.key, self.command, self.has = key, command, has
+        self.message = (
+            f"{command} has no attribute {key!r}; it has: {', '.join(has) or 'none'}"
+            if known
+            else f"no attribute is called {key!r}; {command} has: {', '.join(has) or 'none'}"
+        )
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class RemoteError(SendStreamError):
     """The peer reported a failure (its exit code is kept)."""
 

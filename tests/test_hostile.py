@@ -336,8 +336,10 @@ def test_bulk_counted_problems_give_the_same_output_on_both_paths(tmp_path: Path
 @pytest.mark.parametrize(
     "args", [["convert", "IN", "-"], ["repair", "IN", "-"], ["dump", "IN"], ["dump", "--json", "IN"]], ids=" ".join
 )
-def test_a_reader_that_goes_away_ends_every_command_quietly(args: list[str]) -> None:
-    argv = [str(FIXTURES / "rich-full-v1.stream") if a == "IN" else a for a in args]
+def test_a_reader_that_goes_away_ends_every_command_quietly(args: list[str], tmp_path: Path) -> None:
+    big = tmp_path / "eight.stream"  # eight streams one after the other: more than a pipe of 1 MiB holds
+    big.write_bytes((FIXTURES / "rich-full-v1.stream").read_bytes() * 8)
+    argv = [str(big) if a == "IN" else a for a in args]
     proc = subprocess.Popen([*CMD, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.read(10)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pty
 import signal
 import socket
 import stat
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ import pytest
 from support.net import CMD, free_port, key_file, listening, receiver, sender, wait_listening
 from support.pipeline import Pipeline
 from support.streams import ROOT, SAMPLE
+from support.terminal import Pty
 
 from sendstream.net.progress import Progress, Summary, parse_mode, size
 from sendstream.net.session.sender import SessionSender
@@ -29,29 +28,16 @@ ENV = dict(os.environ, PYTHONPATH=str(ROOT))
 def on_a_terminal(args: list[str], side: str, timeout: float = 20) -> tuple[int, str]:
     """Run ``sendstream ARGS`` with its stdin or stdout (``side``) a pseudo-terminal; its exit code and what
     it wrote there and on stderr."""
-    master, slave = pty.openpty()
+    screen = Pty()
     other = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE}
-    other[side] = slave
+    other[side] = screen.slave
     proc = subprocess.Popen([*CMD, *args], stderr=subprocess.PIPE, env=ENV, **other)  # type: ignore[call-overload]
-    os.close(slave)
-    shown = bytearray()
-
-    def watch() -> None:
-        try:
-            while chunk := os.read(master, 4096):
-                shown.extend(chunk)
-        except OSError:
-            pass  # EIO once the process has closed the terminal
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
+    screen.started()
     try:
         _, err = proc.communicate(timeout=timeout)
     finally:
         proc.kill()
-    watcher.join(5)
-    os.close(master)
-    return proc.returncode, shown.decode(errors="replace") + err.decode(errors="replace")
+    return proc.returncode, screen.text() + err.decode(errors="replace")
 
 
 @pytest.mark.parametrize(
@@ -388,25 +374,14 @@ def test_a_child_s_stderr_goes_above_the_bar(tmp_path: Path) -> None:
     """btrfs receive's own lines (`At snapshot ...`) are never written into the progress line."""
     data = SAMPLE.read_bytes()
     port = free_port()
-    master, slave = pty.openpty()
+    screen = Pty()
     child = "cat > /dev/null; echo 'At snapshot snap2' >&2"
     recv = subprocess.Popen(
         [*CMD, "receive", "--listen", f"127.0.0.1:{port}", "--tls", "none", "--exec", child, "--progress", "bar"],
-        stderr=slave,
+        stderr=screen.slave,
         env=ENV,
     )
-    os.close(slave)
-    shown = bytearray()
-
-    def watch() -> None:
-        try:
-            while chunk := os.read(master, 4096):
-                shown.extend(chunk)
-        except OSError:
-            pass
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
+    screen.started()
     wait_listening(port)
     sending = Pipeline(["send", "--to", f"127.0.0.1:{port}", "-", "-q", "--tls", "none"])
     sending.write(data[: len(data) // 2])
@@ -414,9 +389,7 @@ def test_a_child_s_stderr_goes_above_the_bar(tmp_path: Path) -> None:
     sending.write(data[len(data) // 2 :])
     assert sending.finish()[0] == 0
     assert recv.wait(60) == 0
-    watcher.join(5)
-    os.close(master)
-    text = shown.decode(errors="replace")
+    text = screen.text()
     assert "\rreceived " in text, text
     before = text[: text.index("At snapshot snap2")]
     assert before.endswith(("\n", "\x1b[K")), repr(text)

@@ -209,3 +209,47 @@ def test_copy_range_passes_checked_input_ranges_on() -> None:
     for event in file_events(io.BytesIO(damaged), Framer(), healer.batch):
         healer.event(event)
     assert out.getvalue() == data and healer.written == len(data)
+
+
+def test_events_of_a_restarted_stream_are_healed_unless_raw() -> None:
+    """A script that counts what writes write counts each byte once: the replay is dropped, the
+    Restart still said; raw=True gives the input as it is."""
+    import sendstream
+
+    data = SMALL.read_bytes()
+    marks = boundaries(data)
+    cut = marks[40] + 7  # inside command 39: a partial command, then the whole stream again
+    damaged = data[:cut] + data
+
+    def written(events: object) -> int:
+        return sum(len(ev.get("data")) for ev in events if isinstance(ev, sendstream.Command) and ev.name == "write")
+
+    clean = [ev for ev in sendstream.events(data) if isinstance(ev, sendstream.Command)]
+    healed = list(sendstream.events(damaged))
+    assert [type(ev).__name__ for ev in healed].count("Restart") == 1
+    commands = [ev for ev in healed if isinstance(ev, sendstream.Command)]
+    assert [(c.name, c.crc) for c in commands] == [(c.name, c.crc) for c in clean]
+    assert written(sendstream.events(damaged)) == written(sendstream.events(data))
+    raw = [ev for ev in sendstream.events(damaged, raw=True) if isinstance(ev, sendstream.Command)]
+    assert len(raw) == len(clean) + 39  # the 39 whole commands before the cut, twice
+    assert written(sendstream.events(damaged, raw=True)) > written(sendstream.events(data))
+
+
+def test_healed_events_refuse_a_replay_that_differs() -> None:
+    import sendstream
+    from sendstream import crc32c
+
+    data = SMALL.read_bytes()
+    marks = boundaries(data)
+    cut = marks[40]
+    # the first WRITE before the cut, with its last data byte changed and its CRC made right again
+    i = next(i for i in range(1, 40) if int.from_bytes(data[marks[i] + 4 : marks[i] + 6], "little") == 15)
+    start, end = marks[i], marks[i + 1]
+    other = bytearray(data)
+    other[end - 1] ^= 1
+    body = bytearray(other[start:end])
+    body[6:10] = bytes(4)
+    other[start + 6 : start + 10] = crc32c(bytes(body)).to_bytes(4, "little")
+    with pytest.raises(e.ReplayDiverges, match="is not the one written before it") as raised:
+        list(sendstream.events(data[:cut] + bytes(other)))
+    assert raised.value.offset == cut + start and raised.value.index == i - 1

@@ -104,14 +104,15 @@ def test_verify_from_socket(key: Path) -> None:
     verifier = receiver("verify", "--from-socket", f"127.0.0.1:{port}", "--tls", "none")
     raw_sender(port, data)
     out, _ = verifier.communicate(timeout=60)
-    assert verifier.returncode == 0 and out.startswith(b"OK: 1 stream, 505 commands, 280747 bytes")
+    assert verifier.returncode == 0 and out.startswith(b"subvol rich_base uuid=")
+    assert out.splitlines()[1].startswith(b"OK: 1 stream, 505 commands, 280747 bytes")
     bad = bytearray(data)
     bad[boundaries(data)[7] + 15] ^= 4
     port = free_port()
     verifier = receiver("verify", "--from-socket", f"127.0.0.1:{port}", "--tls", "none")
     raw_sender(port, bytes(bad))
     out, err = verifier.communicate(timeout=60)
-    assert verifier.returncode == 1 and b"crc32c mismatch" in err and out.startswith(b"FAILED")
+    assert verifier.returncode == 1 and b"crc32c mismatch" in err and out.splitlines()[-1].startswith(b"FAILED")
 
 
 def test_ipv6_and_exec(key: Path, tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from ..codec.events import StreamHeader
-from ..format.command import Command
+from ..format.command import Command, subvolume_of
 from ..format.layout import (
     A_DATA,
     COMMAND_HEADER_SIZE,
@@ -46,8 +46,11 @@ class StreamStats:
     version: int
     commands: dict[str, CommandStats] = dataclasses.field(default_factory=dict)
     streams: int = 1
+    subvolume: str | None = None  # what its first command says it is (:func:`subvolume_of`)
 
     def add(self, command: Command) -> None:
+        if not self.commands:
+            self.subvolume = subvolume_of(command)
         # Unknown command numbers share one row: 65,000 of them must not make 65,000 rows.
         name = command.name if command.spec is not None else "unknown"
         stats = self.commands.get(name)

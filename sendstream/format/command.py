@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..errors import AttributeNotFound
 from .layout import (
     ATTRIBUTE_NUMBERS,
     ATTRIBUTES,
@@ -86,16 +87,21 @@ class Command:
         return found
 
     def get(self, key: str | int, default: Any = _MISSING) -> Any:
-        """The typed value of an attribute, by name or number (raw when unknown to the stream's version)."""
+        """The typed value of an attribute, by name or number (raw when unknown to the stream's version).
+
+        Without ``default``, a missing attribute raises
+        :class:`~sendstream.errors.AttributeNotFound` (a ``KeyError``) that lists those the command has.
+        """
         if isinstance(key, str):
-            number = ATTRIBUTE_NUMBERS[key]
-            value = self.raw(number) if attribute_spec(number, self.version) else None
+            number = ATTRIBUTE_NUMBERS.get(key, -1)
+            value = self.raw(number) if number >= 0 and attribute_spec(number, self.version) else None
         else:
             number = key
             value = self.raw(number)
         if value is None:
             if default is _MISSING:
-                raise KeyError(key)
+                has = [attribute_name(t, self.version) for t, _ in self.attributes or ()]
+                raise AttributeNotFound(key, self.name, has, known=number >= 0)
             return default
         spec = attribute_spec(number, self.version)
         if spec is None:
@@ -134,3 +140,21 @@ def _bytes(v: memoryview | bytes | None) -> bytes | None:
 
 def _freeze(attrs: list[tuple[int, memoryview | bytes]] | None) -> list[tuple[int, bytes]] | None:
     return None if attrs is None else [(t, bytes(v)) for t, v in attrs]
+
+
+def subvolume_of(command: Command) -> str | None:
+    """What the first command of a stream says of it, as one line: ``snapshot NAME uuid=U ctransid=N
+    parent_uuid=P parent_ctransid=M`` (a full stream's ``subvol`` has no parent); None for another command."""
+    if command.name not in ("subvol", "snapshot") or command.attributes is None:
+        return None
+    values = command.values()
+    text = f"{command.name} {escape_name(values.get('path', b''))}"
+    text += f" uuid={values.get('uuid')} ctransid={values.get('ctransid')}"
+    if command.name == "snapshot":
+        text += f" parent_uuid={values.get('clone_uuid')} parent_ctransid={values.get('clone_ctransid')}"
+    return text
+
+
+def escape_name(raw: bytes) -> str:
+    """A name from the stream for a line of text: printable ASCII as it is, other bytes as ``\\xNN``."""
+    return "".join(chr(b) if 32 < b < 127 and b != 92 else f"\\x{b:02x}" for b in bytes(raw)) or "."

@@ -25,7 +25,7 @@ from typing import BinaryIO, NamedTuple
 from .. import errors as e
 from ..codec import native
 from ..codec.decoder import Decoder
-from ..codec.events import EndOfInput, Event, NeedData
+from ..codec.events import EndOfInput, Event, NeedData, StreamHeader
 from ..codec.framer import Framer
 from ..codec.native import END, FULL, NEED
 from ..codec.restart import HISTORY
@@ -217,15 +217,17 @@ def file_events(source: BinaryIO, framer: Framer | None = None, batch: Batch | N
 
     Command values are views into the current window: use or copy them
     before asking for the next event. With ``batch`` (a native scanner),
-    runs of clean commands are handled by it and not yielded.
+    runs of clean commands are handled by it and not yielded, except each
+    stream's first command.
     """
     framer = framer or Framer()
     windows = windows_for(source)
     mv, pos, eof, origin = windows.advance(0, 0)
     step = framer.step
+    first = True  # the first command after a header is always yielded: it says what the stream is
     try:
         while True:
-            if batch is not None and framer.version:
+            if batch is not None and framer.version and not first:
                 pos, status, need = run_batch(framer, batch, mv, pos, origin)
                 if status in (END, FULL):
                     continue
@@ -236,6 +238,7 @@ def file_events(source: BinaryIO, framer: Framer | None = None, batch: Batch | N
             if event.__class__ is NeedData:
                 mv, pos, eof, origin = windows.advance(pos, need)
                 continue
+            first = event.__class__ is StreamHeader
             if event.__class__ is EndOfInput:
                 windows.check()
                 yield event

@@ -14,10 +14,11 @@ the commands themselves. No file or socket inside: bytes go to ``write``;
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import errors as e
+from ..analysis.statistics import wire_size
 from ..codec.encoder import encode_command, encode_stream_header
 from ..codec.events import EndOfInput, Event, Restart, StreamHeader
 from ..codec.native import NATIVE, native_scan
@@ -32,6 +33,72 @@ if TYPE_CHECKING:
 
 _RUN = 1 << 16
 _KEEP_RESTARTS = 100
+
+
+class Replay:
+    """The length and CRC of every command of the current stream, and, after a
+    restart, which of them the replay must repeat next: what :class:`Healer`
+    (bytes) and :func:`healed` (events) both check a replay with."""
+
+    def __init__(self) -> None:
+        self.lens = array("I")
+        self.crcs = array("I")
+        self.next: int | None = None  # index of the next command a replay must repeat
+        self.restart_at = 0
+
+    def header(self) -> None:
+        """A new stream begins: nothing to repeat."""
+        self.lens, self.crcs, self.next = array("I"), array("I"), None
+
+    def restarted(self, event: Restart, version: int) -> None:
+        """The stream of ``version`` restarted: what follows repeats what was handed on."""
+        self.restart_at = event.offset
+        if event.version != version:
+            raise e.ReplayDiverges(
+                f"the stream restarted at offset {event.offset} with another version",
+                offset=event.offset,
+                expected=f"version {version}",
+                actual=event.version,
+            )
+        if len(self.lens):
+            self.next = 0
+
+    def repeated(self, lens: array[int], crcs: array[int]) -> tuple[int, int | None]:
+        """How many of these commands (a run) repeat the replay, and the index in the run of the
+        first that should have and does not (None when all did); the new ones are recorded."""
+        repeated = 0
+        if self.next is not None:
+            k = self.next
+            repeated = min(len(lens), len(self.lens) - k)
+            if lens[:repeated] != self.lens[k : k + repeated] or crcs[:repeated] != self.crcs[k : k + repeated]:
+                return 0, next(i for i in range(repeated) if (lens[i], crcs[i]) != (self.lens[k + i], self.crcs[k + i]))
+            self.next = None if k + repeated == len(self.lens) else k + repeated
+        if repeated < len(lens):
+            self.lens.extend(lens[repeated:])
+            self.crcs.extend(crcs[repeated:])
+        return repeated, None
+
+    def diverges(self, index: int, length: int, crc: int, offset: int, command: str) -> e.ReplayDiverges:
+        """The error for the command at ``offset`` that should have repeated command #``index``."""
+        return e.ReplayDiverges(
+            f"the stream replayed after the restart at offset {self.restart_at} is not the one written before it",
+            offset=offset,
+            index=index,
+            command=command,
+            expected=f"command #{index} of length {self.lens[index]} and crc 0x{self.crcs[index]:08x}",
+            actual=f"length {length} and crc 0x{crc:08x}",
+        )
+
+    def unfinished(self, offset: int) -> e.TruncatedStream | None:
+        """The error for an input that ends while a replay is under way, else None."""
+        if self.next is None:
+            return None
+        return e.TruncatedStream(
+            f"the input ends while the stream is replayed after the restart at offset {self.restart_at}",
+            offset=offset,
+            expected=f"{len(self.lens)} replayed commands",
+            actual=self.next,
+        )
 
 
 class Healer:
@@ -71,10 +138,7 @@ class Healer:
         self.dropped = 0  # bytes of replayed and partial commands left out
         self._version = 0
         self._stream_body = 0  # output offset of the current stream's first command
-        self._lens = array("I")  # length and CRC of every command written in the current stream
-        self._crcs = array("I")
-        self._replay: int | None = None  # index of the next command a replay must repeat
-        self._restart_at = 0
+        self._replay = Replay()
         self._run_lens = array("I", bytes(4 * _RUN))
         self._run_crcs = array("I", bytes(4 * _RUN))
 
@@ -101,17 +165,13 @@ class Healer:
     ) -> None:
         """A run of checked commands at ``mv[start:]`` (input ``offset``): write,
         or match against the replay."""
-        repeated = 0
-        if self._replay is not None:
-            k = self._replay
-            repeated = min(len(lens), len(self._lens) - k)
-            if lens[:repeated] != self._lens[k : k + repeated] or crcs[:repeated] != self._crcs[k : k + repeated]:
-                i = next(i for i in range(repeated) if (lens[i], crcs[i]) != (self._lens[k + i], self._crcs[k + i]))
-                skip = sum(lens[:i]) + COMMAND_HEADER_SIZE * i
-                self._diverges(k + i, lens[i], crcs[i], mv, start + skip, offset + skip)
-            self._replay = k + repeated
-            if self._replay == len(self._lens):
-                self._replay = None
+        k = self._replay.next
+        repeated, bad = self._replay.repeated(lens, crcs)
+        if bad is not None:
+            assert k is not None
+            at = sum(lens[:bad]) + COMMAND_HEADER_SIZE * bad
+            cmd = int.from_bytes(bytes(mv[start + at + 4 : start + at + 6]), "little")
+            raise self._replay.diverges(k + bad, lens[bad], crcs[bad], offset + at, command_name(cmd))
         skip = sum(lens[:repeated]) + COMMAND_HEADER_SIZE * repeated
         self.dropped += skip
         if repeated < len(lens):
@@ -122,19 +182,6 @@ class Healer:
                 self.written += nbytes - skip
             else:
                 self._out(mv[start + skip : start + nbytes])
-            self._lens.extend(lens[repeated:])
-            self._crcs.extend(crcs[repeated:])
-
-    def _diverges(self, index: int, length: int, crc: int, mv: Any, at: int, offset: int) -> None:
-        cmd = int.from_bytes(bytes(mv[at + 4 : at + 6]), "little")
-        raise e.ReplayDiverges(
-            f"the stream replayed after the restart at offset {self._restart_at} is not the one written before it",
-            offset=offset,
-            index=index,
-            command=command_name(cmd),
-            expected=f"command #{index} of length {self._lens[index]} and crc 0x{self._crcs[index]:08x}",
-            actual=f"length {length} and crc 0x{crc:08x}",
-        )
 
     def event(self, event: Event) -> None:
         """Take one event of the framer (or decoder)."""
@@ -144,45 +191,53 @@ class Healer:
             self._out(encode_stream_header(event.version))
             self._version = event.version
             self._stream_body = self.written
-            self._lens = array("I")
-            self._crcs = array("I")
-            self._replay = None
+            self._replay.header()
         elif isinstance(event, Command):
             raw = encode_command(event, self._version)
             lens, crcs = array("I", [len(raw) - COMMAND_HEADER_SIZE]), array("I", [event.crc or 0])
             self._run(memoryview(raw), 0, event.offset, lens, crcs, len(raw))
         elif isinstance(event, Restart):
             self._restarted(event)
-        elif isinstance(event, EndOfInput) and self._replay is not None:
-            raise e.TruncatedStream(
-                f"the input ends while the stream is replayed after the restart at offset {self._restart_at}",
-                offset=event.offset,
-                expected=f"{len(self._lens)} replayed commands",
-                actual=self._replay,
-            )
+        elif isinstance(event, EndOfInput) and (unfinished := self._replay.unfinished(event.offset)):
+            raise unfinished
 
     def _restarted(self, event: Restart) -> None:
         self.restart_count += 1
         if len(self.restarts) < _KEEP_RESTARTS:
             self.restarts.append(event)
         self.dropped += event.partial + len(encode_stream_header(event.version))
-        self._restart_at = event.offset
-        if event.version != self._version:
-            raise e.ReplayDiverges(
-                f"the stream restarted at offset {event.offset} with another version",
-                offset=event.offset,
-                expected=f"version {self._version}",
-                actual=event.version,
-            )
+        self._replay.restarted(event, self._version)
         if self._keep_last:
             assert self._truncate is not None
             self._truncate(self._stream_body)
             self.dropped += self.written - self._stream_body
             self.written = self._stream_body
-            self._lens = array("I")
-            self._crcs = array("I")
-        elif len(self._lens):
-            self._replay = 0
+            self._replay.header()
+
+
+def healed(events: Iterable[Event]) -> Iterator[Event]:
+    """``events`` as those of the clean stream: a ``Restart`` is still yielded, but the replayed
+    commands after it are not, each checked first against the one it repeats (length and CRC), as
+    :class:`Healer` checks them; a replay that differs raises
+    :class:`~sendstream.errors.ReplayDiverges`."""
+    replay, version = Replay(), 0
+    for event in events:
+        if isinstance(event, StreamHeader):
+            replay.header()
+            version = event.version
+        elif isinstance(event, Command):
+            length, crc, k = wire_size(event, version) - COMMAND_HEADER_SIZE, event.crc or 0, replay.next
+            repeated, bad = replay.repeated(array("I", [length]), array("I", [crc]))
+            if bad is not None:
+                assert k is not None
+                raise replay.diverges(k, length, crc, event.offset, event.name)
+            if repeated:
+                continue
+        elif isinstance(event, Restart):
+            replay.restarted(event, version)
+        elif isinstance(event, EndOfInput) and (unfinished := replay.unfinished(event.offset)):
+            raise unfinished
+        yield event
 
 
 def repair(

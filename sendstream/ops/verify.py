@@ -16,9 +16,12 @@ from typing import Any, BinaryIO
 from .. import errors as e
 from ..codec.framer import Framer
 from ..codec.native import NATIVE, native_scan
+from ..format.command import Command, subvolume_of
 from ..format.layout import STREAM_HEADER_SIZE, STREAM_MAGIC
 from ..io.framed import StreamSource, opened
 from ..io.windows import file_events, windows_for
+
+MAX_LISTED = 100  # streams whose subvolume a report names; an input may hold millions of tiny streams
 
 
 @dataclass
@@ -32,6 +35,8 @@ class Report:
     problems: e.ProblemLog = field(default_factory=e.ProblemLog)
     # well-formed, but what btrfs receive would not apply as written (a name with a NUL)
     warnings: e.ProblemLog = field(default_factory=e.ProblemLog)
+    # what the first command of each stream says it is (the first MAX_LISTED streams)
+    subvolumes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -46,15 +51,21 @@ class Report:
         return e.EXIT_OK if first is None else first.exit_code
 
     def summary(self) -> str:
-        """One line: OK or FAILED (how many problems and warnings), then what was read, how fast."""
+        """What each stream is (:attr:`subvolumes`, a line each), then one line: OK or FAILED (how many
+        problems and warnings), what was read, how fast."""
         rate = self.bytes / self.seconds / 1e6 if self.seconds else 0.0
         count, warned = self.problems.total, self.warnings.total
         status = "OK" if self.ok else f"FAILED ({count} problem{'s' * (count != 1)})"
         if warned:
             status += f" ({warned} warning{'s' * (warned != 1)})"
-        return (
-            f"{status}: {self.streams} stream{'s' * (self.streams != 1)}, {self.commands} commands, "
-            f"{self.bytes} bytes in {self.seconds:.3f} s ({rate:.1f} MB/s)"
+        more = self.streams - len(self.subvolumes)
+        listed = [*self.subvolumes, *([f"(and {more} more streams)"] if self.subvolumes and more > 0 else [])]
+        return "\n".join(
+            [
+                *listed,
+                f"{status}: {self.streams} stream{'s' * (self.streams != 1)}, {self.commands} commands, "
+                f"{self.bytes} bytes in {self.seconds:.3f} s ({rate:.1f} MB/s)",
+            ]
         )
 
 
@@ -71,14 +82,18 @@ def verify_file(source: BinaryIO, *, keep_going: bool = False, max_command_size:
     """
     framer = Framer(strict=True, check_names=True, keep_going=keep_going, max_command_size=max_command_size)
     started = time.perf_counter()
+    subvolumes: list[str] = []
     try:
-        for _ in file_events(source, framer, _scan if NATIVE else None):
-            pass
+        for event in file_events(source, framer, _scan if NATIVE else None):
+            if event.__class__ is Command and len(subvolumes) < MAX_LISTED:
+                said = subvolume_of(event)
+                if said is not None:
+                    subvolumes.append(said)
     except e.FormatError as exc:
         # without its traceback the error holds no view of the input window
         framer.problems.append(exc.with_traceback(None))
     seconds = time.perf_counter() - started
-    return Report(framer.streams, framer.commands, framer.bytes, seconds, framer.problems, framer.warnings)
+    return Report(framer.streams, framer.commands, framer.bytes, seconds, framer.problems, framer.warnings, subvolumes)
 
 
 def verify(source: StreamSource, *, keep_going: bool = False, max_command_size: int | None = None) -> Report:

@@ -58,7 +58,8 @@ def statistics_lines(statistics: Statistics) -> list[str]:
     lines = []
     for number, s in enumerate(statistics.all(), 1):
         if s.streams == 1:
-            lines.append(f"stream {number} at offset {s.offset}, version {s.version}:")
+            said = f" {s.subvolume}" if s.subvolume else ""
+            lines.append(f"stream {number} at offset {s.offset}, version {s.version}:{said}")
         else:
             version = f"version {s.version}" if s.version else "several versions"
             lines.append(f"streams {number} to {number + s.streams - 1} from offset {s.offset}, {version}:")
