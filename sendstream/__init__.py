@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .analysis.changes import SubvolumeChanges as SubvolumeChanges
     from .analysis.changes import changes as changes
     from .analysis.changes import read_changes as read_changes
+    from .analysis.resolve import CommandPaths as CommandPaths
     from .analysis.resolve import resolve as resolve
     from .analysis.statistics import Statistics as Statistics
     from .codec.crc import crc32c as crc32c
@@ -120,6 +121,7 @@ _HOME = {
     "SubvolumeChanges": ("analysis.changes", "SubvolumeChanges"),
     "changes": ("analysis.changes", "changes"),
     "read_changes": ("analysis.changes", "read_changes"),
+    "CommandPaths": ("analysis.resolve", "CommandPaths"),
     "resolve": ("analysis.resolve", "resolve"),
     "Statistics": ("analysis.statistics", "Statistics"),
     "crc32c": ("codec.crc", "crc32c"),

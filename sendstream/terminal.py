@@ -82,19 +82,23 @@ class Command(click.Command):
 
     def invoke(self, ctx: click.Context) -> Any:
         params = ctx.params
-        if sys.stdin.isatty() and not params.get("address") and "-" in (params.get(p) for p in _STREAM_INPUTS):
+        if _tty(sys.stdin) and not params.get("address") and "-" in (params.get(p) for p in _STREAM_INPUTS):
             raise click.UsageError(
                 f"no stream given, and standard input is a terminal: give a file, or pipe a stream in "
                 f"(btrfs send SNAPSHOT | sendstream {ctx.info_name} ...)",
                 ctx,
             )
-        if sys.stdout.isatty() and _writes_stream_to_stdout(ctx.info_name or "", params):
+        if _tty(sys.stdout) and _writes_stream_to_stdout(ctx.info_name or "", params):
             raise click.UsageError(
                 "refusing to write a stream to a terminal: redirect standard output "
                 "(> FILE, | btrfs receive DIR) or name a file",
                 ctx,
             )
         return super().invoke(ctx)
+
+
+def _tty(stream: IO[str] | None) -> bool:
+    return stream is not None and stream.isatty()  # None: the process was started with that fd closed
 
 
 def _writes_stream_to_stdout(name: str, params: dict[str, Any]) -> bool:

@@ -8,6 +8,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -592,3 +593,10 @@ def test_verify_and_stats_say_what_each_stream_is() -> None:
     )
     lines = two.stdout.decode().splitlines()
     assert len(lines) == 3 and lines[0].startswith("subvol two_a_snap ") and lines[1].startswith("subvol two_b_snap ")
+
+
+def test_a_command_started_with_its_standard_input_closed_works() -> None:
+    """cron and some service managers start a process with fd 0 closed: Python's sys.stdin is None."""
+    shell = f"exec 0<&-; exec {sys.executable} -m sendstream verify {SAMPLE}"
+    done = subprocess.run(["sh", "-c", shell], capture_output=True, env=ENV)
+    assert done.returncode == 0 and b"OK: 1 stream" in done.stdout, done.stderr
