@@ -19,7 +19,9 @@ def run(*args: str, stdin: bytes = b"", tz: str = "UTC") -> subprocess.Completed
     return subprocess.run([sys.executable, "-m", "sendstream", *args], input=stdin, capture_output=True, env=env)
 
 
-SUMMARY = re.compile(rb"^OK: 1 stream, 104 commands, 18154 bytes in \d+\.\d{3} s \(\d+\.\d MB/s\)\n$")
+SUMMARY = re.compile(
+    rb"^snapshot rich_incr uuid=[^\n]*\nOK: 1 stream, 104 commands, 18154 bytes in \d+\.\d{3} s \(\d+\.\d MB/s\)\n$"
+)
 
 
 def test_verify_clean_file_and_stdin() -> None:
@@ -43,7 +45,7 @@ def test_verify_names_offset_index_command_and_expectation(tmp_path: Path) -> No
     first = result.stderr.decode().splitlines()[0]
     assert first.startswith(f"sendstream: error: offset {marks[4]}, command #3 (")
     assert "crc32c mismatch" in first and "expected crc 0x" in first
-    assert result.stdout.startswith(b"FAILED (1 problem): 1 stream, 3 commands")
+    assert result.stdout.splitlines()[-1].startswith(b"FAILED (1 problem): 1 stream, 3 commands")
 
 
 def test_keep_going_reports_every_problem(tmp_path: Path) -> None:
@@ -57,7 +59,7 @@ def test_keep_going_reports_every_problem(tmp_path: Path) -> None:
     assert result.returncode == 1
     errors = result.stderr.decode().splitlines()
     assert [line.split(",")[0] for line in errors] == [f"sendstream: error: offset {m}" for m in marks[4:7]]
-    assert result.stdout.startswith(b"FAILED (3 problems): 1 stream, 104 commands")
+    assert result.stdout.splitlines()[-1].startswith(b"FAILED (3 problems): 1 stream, 104 commands")
 
 
 def test_truncated_input_has_its_own_exit_code() -> None:
