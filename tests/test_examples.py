@@ -72,7 +72,7 @@ def test_binary_xattrs_finds_every_binary_value(tmp_path: Path) -> None:
 
 def test_top_files_table_and_ranking() -> None:
     lines = run("top_files.py", "rich-full-v1")
-    assert lines[0] == "stream 1 at offset 0, version 1:"
+    assert lines[0].startswith("stream 1 at offset 0, version 1: subvol rich_base uuid=")
     total = next(line for line in lines if line.strip().startswith("total")).split()
     assert total[1] == "508"  # MANIFEST.md's counts for rich-full-v1
     top = lines[lines.index("top 10 files by bytes written:") + 1 :]
