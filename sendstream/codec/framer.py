@@ -155,6 +155,7 @@ class Framer:
         the counters of a lenient scan (:meth:`lenient`), whose problems are counted."""
         self.commands += commands
         self.bytes += nbytes
+        self._clean_in = None  # what was checked ahead is behind the batch now; and the window may go
         if unknown is not None:
             self.problems.tally(unknown[1] + unknown[2])
         if ended:

@@ -212,19 +212,22 @@ def open_input(path: str) -> BinaryIO:
     return open(path, "rb")
 
 
-def file_events(source: BinaryIO, framer: Framer | None = None, batch: Batch | None = None) -> Iterator[Event]:
+def file_events(
+    source: BinaryIO, framer: Framer | None = None, batch: Batch | None = None, *, firsts: bool = False
+) -> Iterator[Event]:
     """Every event of ``source`` up to :class:`EndOfInput`, through windows.
 
     Command values are views into the current window: use or copy them
     before asking for the next event. With ``batch`` (a native scanner),
-    runs of clean commands are handled by it and not yielded, except each
-    stream's first command.
+    runs of clean commands are handled by it and not yielded (with
+    ``firsts``, each stream's first command still is: it says what the
+    stream is).
     """
     framer = framer or Framer()
     windows = windows_for(source)
     mv, pos, eof, origin = windows.advance(0, 0)
     step = framer.step
-    first = True  # the first command after a header is always yielded: it says what the stream is
+    first = firsts
     try:
         while True:
             if batch is not None and framer.version and not first:
@@ -238,12 +241,13 @@ def file_events(source: BinaryIO, framer: Framer | None = None, batch: Batch | N
             if event.__class__ is NeedData:
                 mv, pos, eof, origin = windows.advance(pos, need)
                 continue
-            first = event.__class__ is StreamHeader
+            first = firsts and event.__class__ is StreamHeader
             if event.__class__ is EndOfInput:
                 windows.check()
                 yield event
                 return
             yield event  # type: ignore[misc]
+            del event  # its values are views: held while a batch runs on, they would keep old windows mapped
     except e.FormatError:
         windows.check()  # zeros where the file lost its data are no format error of the stream
         raise

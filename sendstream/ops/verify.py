@@ -84,11 +84,12 @@ def verify_file(source: BinaryIO, *, keep_going: bool = False, max_command_size:
     started = time.perf_counter()
     subvolumes: list[str] = []
     try:
-        for event in file_events(source, framer, _scan if NATIVE else None):
+        for event in file_events(source, framer, _scan if NATIVE else None, firsts=True):
             if event.__class__ is Command and len(subvolumes) < MAX_LISTED:
                 said = subvolume_of(event)
                 if said is not None:
                     subvolumes.append(said)
+            del event  # a view into the window: let it go before the scan moves on
     except e.FormatError as exc:
         # without its traceback the error holds no view of the input window
         framer.problems.append(exc.with_traceback(None))
