@@ -432,8 +432,6 @@ class NetworkError(SendStreamError, OSError):
 
 def _reason(cause: OSError) -> str:
     """``cause`` as words: its strerror in lower case, without ``[Errno N]``."""
-    if isinstance(cause, TimeoutError) and not cause.strerror:
-        return "no answer in time"
     text = cause.strerror or str(cause) or type(cause).__name__
     return text[:1].lower() + text[1:]
 

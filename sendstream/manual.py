@@ -3,8 +3,6 @@ disagrees with ``-h``)."""
 
 from __future__ import annotations
 
-import datetime
-
 import click
 
 from . import __version__
@@ -79,6 +77,8 @@ def _leaves(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[tupl
 
 def manpage(group: click.Group) -> str:
     """``sendstream(1)`` in roff, from ``group``'s commands, arguments and options."""
+    import datetime  # here: every command's start-up imports this module for its examples
+
     today = datetime.date.today().isoformat()
     out = [
         f'.TH SENDSTREAM 1 "{today}" "sendstream {__version__}" "User Commands"',
@@ -97,14 +97,12 @@ def manpage(group: click.Group) -> str:
             _roff(" ".join(("sendstream", *path, *command.collect_usage_pieces(ctx)))),
             ".fi",
         ]
-        for paragraph in (command.help or "").split("\n\n"):
+        for paragraph in [*(command.help or "").split("\n\n"), command.epilog or ""]:
             lines = [line.strip() for line in paragraph.strip().splitlines()]
             if lines and lines[0] == "\b":
                 out += [".PP", ".nf", _roff("\n".join(lines[1:])), ".fi"]
             elif lines:
                 out += [".PP", _roff(" ".join(lines))]
-        if name_examples := EXAMPLES.get(path[-1]):
-            out += [".PP", "Examples:", ".nf", _roff("\n".join(f"  {line}" for line in name_examples)), ".fi"]
         for param in command.get_params(ctx):
             record = param.get_help_record(ctx)
             if record:

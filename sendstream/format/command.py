@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..errors import AttributeNotFound
+from ..errors import AttributeNotFound, shown
 from .layout import (
     ATTRIBUTE_NUMBERS,
     ATTRIBUTES,
@@ -148,13 +148,8 @@ def subvolume_of(command: Command) -> str | None:
     if command.name not in ("subvol", "snapshot") or command.attributes is None:
         return None
     values = command.values()
-    text = f"{command.name} {escape_name(values.get('path', b''))}"
+    text = f"{command.name} {shown(bytes(values.get('path', b''))) or '.'}"
     text += f" uuid={values.get('uuid')} ctransid={values.get('ctransid')}"
     if command.name == "snapshot":
         text += f" parent_uuid={values.get('clone_uuid')} parent_ctransid={values.get('clone_ctransid')}"
     return text
-
-
-def escape_name(raw: bytes) -> str:
-    """A name from the stream for a line of text: printable ASCII as it is, other bytes as ``\\xNN``."""
-    return "".join(chr(b) if 32 < b < 127 and b != 92 else f"\\x{b:02x}" for b in bytes(raw)) or "."

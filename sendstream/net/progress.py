@@ -79,11 +79,6 @@ class Progress:
         self.started = self._shown = 0.0
         self.start()
 
-    @property
-    def shown(self) -> bool:
-        """Whether anything is shown while bytes flow."""
-        return self.mode != NONE
-
     def start(self) -> None:
         """Count the time from now: the transfer begins (a receiver's wait for its sender is not part of it)."""
         self.started = self._clock()

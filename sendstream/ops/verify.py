@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from .. import errors as e
+from ..codec.events import StreamHeader
 from ..codec.framer import Framer
 from ..codec.native import NATIVE, native_scan
 from ..format.command import Command, subvolume_of
@@ -83,12 +84,14 @@ def verify_file(source: BinaryIO, *, keep_going: bool = False, max_command_size:
     framer = Framer(strict=True, check_names=True, keep_going=keep_going, max_command_size=max_command_size)
     started = time.perf_counter()
     subvolumes: list[str] = []
+    first = False  # the next event is a stream's first command
     try:
         for event in file_events(source, framer, _scan if NATIVE else None, firsts=True):
-            if event.__class__ is Command and len(subvolumes) < MAX_LISTED:
+            if first and event.__class__ is Command and len(subvolumes) < MAX_LISTED:
                 said = subvolume_of(event)
                 if said is not None:
                     subvolumes.append(said)
+            first = event.__class__ is StreamHeader
             del event  # a view into the window: let it go before the scan moves on
     except e.FormatError as exc:
         # without its traceback the error holds no view of the input window

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Final
 
 from ...errors import HandshakeError, KeyFileError, KeyFileUnreadable, TlsCause, UsageError
+from ...io.outputs import OutputDirectory, OutputFile
 
 MAX_IDENTITY: Final = 128  # bytes of UTF-8; OpenSSL and GnuTLS accept at least this much
 SALT_PREFIX: Final = b"sendstream-psk:"
@@ -87,24 +88,25 @@ PEM_LABEL: Final = "SENDSTREAM PSK"
 NEW_KEY_BYTES: Final = 32
 
 
-def new_key_file(path: str | os.PathLike[str]) -> bytes:
-    """Write a new random key to ``path`` (which must not exist) as a PEM block, mode 0600; return the key."""
+def new_key_file(path: str) -> bytes:
+    """Write a new random key to ``path`` (which must not exist) as a PEM block, mode 0600; return the key.
+
+    Made as every output is (:class:`~sendstream.io.outputs.OutputDirectory`): never through a
+    planted symlink, and a file that is there is never written over.
+    """
     key = os.urandom(NEW_KEY_BYTES)
     text = f"-----BEGIN {PEM_LABEL}-----\n{base64.b64encode(key).decode()}\n-----END {PEM_LABEL}-----\n"
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except FileExistsError:
-        raise UsageError(f"{os.fspath(path)!r} exists: a key file is never overwritten") from None
-    except OSError as exc:
-        raise KeyFileUnreadable(f"cannot create key file {os.fspath(path)!r}: {exc.strerror}") from exc
-    try:
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    except OSError as exc:
-        os.close(fd)
-        os.unlink(path)
-        raise KeyFileUnreadable(f"cannot write key file {os.fspath(path)!r}: {exc.strerror}") from exc
-    os.close(fd)
+    with OutputDirectory(path) as directory:
+        if directory.lstat(directory.name) is not None:
+            raise UsageError(f"{path!r} exists: a key file is never overwritten")
+        fd = directory.create(directory.name, 0o600)
+        try:
+            with OutputFile(fd, path) as out:
+                out.write(text.encode())
+                out.fsync()
+        except BaseException:
+            directory.unlink(directory.name)
+            raise
     return key
 
 
