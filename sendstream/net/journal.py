@@ -20,6 +20,7 @@ from typing import Any
 from .. import errors as e
 from ..errors import ResumeError
 from ..io.outputs import OutputDirectory, OutputFile
+from ..io.threads import started
 from ..ops.ledger import Checkpoint, Ledger
 from ..ops.tokens import _MAX_TOKEN, make_token, read_token
 
@@ -158,8 +159,7 @@ class Journal:
         if stream is not None and offset != self._pending and due and not busy:
             checkpoint = Checkpoint(stream, offset, ledger.commands, ledger.digest())
             self._pending, self._pending_at = offset, now
-            self._syncer = threading.Thread(target=self._sync, args=(checkpoint,), daemon=True)
-            self._syncer.start()
+            self._syncer = started(self._sync, checkpoint)
         return self._durable
 
     def _sync(self, checkpoint: Checkpoint) -> None:

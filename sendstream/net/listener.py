@@ -31,6 +31,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from ..io.threads import started
+
 T = TypeVar("T")
 
 MAX_PENDING = 64
@@ -117,8 +119,7 @@ class Listener(Generic[T]):
         """Accept in the background; opened connections wait for :meth:`next`."""
         self.halt("")
         self._arrived = arrived
-        self._accepting = threading.Thread(target=self._accept_loop, args=(self._generation,), daemon=True)
-        self._accepting.start()
+        self._accepting = started(self._accept_loop, self._generation)
 
     def next(self, timeout: float) -> T | None:
         """The next opened connection, or None when none opened within ``timeout`` seconds."""

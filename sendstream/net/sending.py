@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from .. import errors as e
 from ..codec.framer import Framer
+from ..io.threads import started
 from ..io.windows import file_events, is_regular
 from ..ops.repair import Healer
 from .progress import Progress, Summary
@@ -56,8 +57,7 @@ class PlainSender:
         self.status: tuple[int, str] | None = None
         self._error: BaseException | None = None  # why no status came
         self._sent = threading.Event()  # our direction is closed: from now on waiting for the status is bounded
-        self._reader = threading.Thread(target=self._read_status, daemon=True)
-        self._reader.start()
+        self._reader = started(self._read_status)
 
     def write(self, data: Any) -> None:
         self._raise_failure()

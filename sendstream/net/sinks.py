@@ -26,6 +26,7 @@ from typing import BinaryIO, Self
 from .. import errors as e
 from ..io.outputs import atomic_output, is_special
 from ..io.pipes import widen
+from ..io.threads import started
 from ..ops.ledger import Checkpoint
 from .journal import Journal, load_state, refuse_unfinished
 
@@ -149,8 +150,7 @@ class ChildSink(Sink):
         assert self._child.stdin is not None
         widen(self._child.stdin.fileno())
         if self._child.stderr is not None:
-            self._relay = threading.Thread(target=self._pass_stderr, args=(self._child.stderr,), daemon=True)
-            self._relay.start()
+            self._relay = started(self._pass_stderr, self._child.stderr)
         return self
 
     def _pass_stderr(self, pipe: BinaryIO) -> None:

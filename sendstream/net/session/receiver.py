@@ -26,6 +26,7 @@ from typing import Any
 
 from ... import errors as e
 from ...errors import SessionError, TruncationError
+from ...io.threads import started
 from ...ops.identity import describe
 from ..listener import Listener
 from ..tls import Channel
@@ -121,8 +122,7 @@ class Acker:
 
     def start(self, channel: Channel) -> None:
         self._channel, self._stop = channel, threading.Event()
-        self._thread = threading.Thread(target=self._loop, args=(channel, self._stop), daemon=True)
-        self._thread.start()
+        self._thread = started(self._loop, channel, self._stop)
 
     def nudge(self) -> None:
         if self._verified() - self.acked >= ACK_BYTES:

@@ -22,6 +22,7 @@ from typing import Any
 
 from ... import errors as e
 from ...errors import ResumeError, SessionError
+from ...io.threads import started
 from ...ops.identity import describe, stream_identity
 from ..tls import Channel
 from .connection import Dropped, Inbox, _close, _kill, transient
@@ -327,8 +328,7 @@ class SessionSender:
             self.resent += self.written - resume
             self._log(f"session: receiver verified {verified} bytes, resuming at {resume} of {self.written}")
         self._sessions += 1
-        self._reader = threading.Thread(target=self._read_acks, args=(inbox,), daemon=True)
-        self._reader.start()
+        self._reader = started(self._read_acks, inbox)
         for piece in self._held.since(resume):
             self._send_frames(channel, piece)
 
