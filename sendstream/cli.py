@@ -442,8 +442,3 @@ cli.add_command(man)
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and map every error to its exit code, in one place."""
     return run_command(cli, argv)
-
-
-def run() -> None:
-    """Console-script entry point."""
-    sys.exit(main())
