@@ -267,7 +267,7 @@ def send(
             **sending.retrying(),
         )
     if not show.quiet:
-        click.echo(f"sendstream: {summary.line('sent', verbose=verbose)}", err=True)
+        click.echo(f"sendstream: {sending.noted(summary).line('sent', verbose=verbose)}", err=True)
 
 
 @cli.command()
@@ -376,7 +376,7 @@ def relay(
         **sending.retrying(),
     )
     if not show.quiet:
-        click.echo(f"sendstream: {summary.line('relayed', verbose=verbose)}", err=True)
+        click.echo(f"sendstream: {sending.noted(summary).line('relayed', verbose=verbose)}", err=True)
 
 
 @cli.command()

@@ -20,7 +20,8 @@ from .terminal import psk
 
 if TYPE_CHECKING:
     from .net.address import Listening, TlsSettings
-    from .net.progress import Progress
+    from .net.compression import Tally
+    from .net.progress import Progress, Summary
     from .net.tls import Channel
 
 Decorator = Callable[[Any], Any]
@@ -96,6 +97,22 @@ class ByteSize(click.ParamType):  # type: ignore[type-arg]
         if size < self.minimum:
             self.fail(f"expected a size of at least {self.minimum}, got {value!r}", param, ctx)
         return size
+
+
+class Compression(click.ParamType):  # type: ignore[type-arg]
+    """``zstd`` or ``zstd:LEVEL``: a new :class:`~sendstream.net.compression.Tally` of that level."""
+
+    name = "compression"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Tally:
+        from .net.compression import Tally, parse_choice
+
+        if isinstance(value, Tally):
+            return value
+        try:
+            return Tally(parse_choice(str(value)))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def _progress_mode(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, float]:
@@ -308,6 +325,11 @@ class SenderOptions:
     timeout: float
     resumable: bool
     rate_limit: int | None
+    compress: Tally | None
+
+    def noted(self, summary: Summary) -> Summary:
+        """``summary`` with what compression did, when it was asked for."""
+        return dataclasses.replace(summary, compression=self.compress.note()) if self.compress else summary
 
     def retrying(self) -> dict[str, Any]:
         """The library's arguments for how a sending end retries."""
@@ -320,13 +342,14 @@ class SenderOptions:
         from .net.address import Address, Dialing
         from .net.sending import connector
 
-        return connector(Dialing(Address.parse(target), tls.settings(key), self.timeout, self.rate_limit), log)
+        dialing = Dialing(Address.parse(target), tls.settings(key), self.timeout, self.rate_limit, self.compress)
+        return connector(dialing, log)
 
 
 sender_options = grouped(
     "sending",
     SenderOptions,
-    ("retries", "retry_delay", "timeout", "resumable", "rate_limit"),
+    ("retries", "retry_delay", "timeout", "resumable", "rate_limit", "compress"),
     click.option(
         "--retries",
         type=click.IntRange(min=0),
@@ -360,6 +383,13 @@ sender_options = grouped(
         type=ByteSize(minimum=1),
         metavar="RATE",
         help="Send at most RATE bytes a second, evenly, as pv -L does (30M: 30 MiB/s; K, M, G: powers of 1024).",
+    ),
+    click.option(
+        "--compress",
+        type=Compression(),
+        metavar="zstd[:LEVEL]",
+        help="Compress what goes on the wire with zstd (LEVEL 1-19, default 3), before encryption; "
+        "the receiver must be sendstream.",
     ),
 )
 

@@ -5,11 +5,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import socket
 from dataclasses import dataclass
 
 from .. import errors as e
+from .compression import Tally, offer
 from .tls import Channel, accept_channel, connect_channel
 
 CONNECT_TIMEOUT = 30.0
@@ -144,12 +146,20 @@ class Dialing:
     tls: TlsSettings
     timeout: float = CONNECT_TIMEOUT
     rate: float | None = None  # bytes a second at most, evenly; None: as fast as it goes
+    compress: Tally | None = None  # offered on every connection; what it saved, over all of them
 
     def open(self) -> Channel:
         """A new channel: TCP connect and handshake."""
         sock = connect(self.address.host, self.address.port, timeout=self.timeout)
         sock.settimeout(self.timeout)
         channel = self.tls.connect(sock, self.timeout)
+        if self.compress is not None:
+            try:
+                offer(channel, self.compress, self.timeout)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    channel.close()
+                raise
         if self.rate:
             channel.limit_rate(self.rate)
         return channel

@@ -148,6 +148,7 @@ class Summary:
     reconnects: int = 0
     resent: int = 0
     skipped: int = 0  # resumed after a restart: the bytes before this offset were not sent
+    compression: str = ""  # e.g. ``zstd:3 3.41:1 (312 MiB on the wire)``
 
     def line(self, verb: str, *, verbose: bool = False) -> str:
         """One line in the progress line's units; the TLS path's note on kTLS only when ``verbose``."""
@@ -155,6 +156,8 @@ class Summary:
         path = self.path if verbose else self.path.split(" (", 1)[0]
         took = clock(self.seconds) if self.seconds >= 60 else f"{self.seconds:.2f} s"
         text = f"{verb} {size(self.bytes)} ({self.bytes:,} bytes) in {took} [{size(rate)}/s]; {path}"
+        if self.compression:
+            text += f"; {self.compression}"
         if self.skipped:
             text += f"; resumed at offset {self.skipped}"
         if self.restarts:

@@ -114,8 +114,16 @@ def receive_resumable(
         healer.event(event)
     session.commit()
     progress.done()
+    channel = session.channel
+    compression = "zstd from the sender" if channel.compressed else ""
     return Summary(
-        progress.bytes, progress.seconds, session.channel.describe(), healer.restart_count, "", session.reconnects
+        progress.bytes,
+        progress.seconds,
+        channel.describe(),
+        healer.restart_count,
+        "",
+        session.reconnects,
+        compression=compression,
     )
 
 

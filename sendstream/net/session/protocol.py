@@ -32,6 +32,12 @@ receiver -> sender, lines of at most :data:`~sendstream.net.session.messages.MAX
 A receiver that reads ``btrfs-stream`` first takes a raw stream (an older
 sender, ``openssl s_client``, ``socat``): no session, every byte is stream data.
 
+Before either, a sender may offer compression: ``sendstream-compress zstd\n``,
+and nothing more until the receiver answers with the method it takes
+(``sendstream-compress zstd\n`` or ``... none\n``). After ``zstd`` the
+sender's bytes (the hello or the raw stream, and all that follows) are one
+zstd stream (:mod:`sendstream.net.compression`); the receiver's are not.
+
 :class:`ReceiverConnection` and :class:`SenderConnection` are one connection
 each, seen from either end. ``receive_data(data)`` takes what the channel
 gave and returns the events it completes (none for an incomplete line or
@@ -52,6 +58,7 @@ from typing import Any
 from ...errors import SessionError
 from ...format.layout import STREAM_MAGIC
 from ...ops.identity import printable
+from ..compression import OFFER, offer_line, parse_line
 from .messages import MAGIC, MAX_LINE, STATUS_PREFIX, VERSION, parse_ack, parse_answer, parse_hello, parse_status
 
 PREFIX_SIZE = 64 << 10  # the hello's identity covers at most this many first bytes of the stream
@@ -60,6 +67,7 @@ MAX_REASON = 4096  # of an ``X`` frame's reason, what is read (the sender sends 
 RAW_MAGIC = STREAM_MAGIC
 HELLO_START = MAGIC + b" "
 RAW_DATA = 1 << 62  # how much of a raw stream is data: all of it
+FIRST_WORDS = max(len(RAW_MAGIC), len(HELLO_START), len(OFFER))  # what tells them apart
 _FRAME = struct.Struct(">cI")
 _END = struct.Struct(">cQ")
 
@@ -77,6 +85,13 @@ class Hello:
 @dataclass(frozen=True)
 class RawStream:
     """The peer sent the header of a raw stream: every byte from here on, the header first, comes as :class:`Data`."""
+
+
+@dataclass(frozen=True)
+class CompressOffer:
+    """The sender offers to compress what it sends with ``method``; it waits for the answer."""
+
+    method: str
 
 
 @dataclass(frozen=True)
@@ -128,7 +143,7 @@ class Status:
     message: str
 
 
-Event = Hello | RawStream | Data | End | Abort | Bye | Answer | Ack | Status
+Event = Hello | RawStream | CompressOffer | Data | End | Abort | Bye | Answer | Ack | Status
 
 
 def json_line(obj: Any) -> bytes:
@@ -205,7 +220,9 @@ class ReceiverConnection(_Machine):
     """
 
     def __init__(self) -> None:
-        super().__init__("first")  # first, hello, frames, raw, closing (after our status), done (after B)
+        # first, offer (its line), offered (until answered), hello, frames, raw, closing (after our status), done (B)
+        super().__init__("first")
+        self._answered = False  # a compression offer was answered: no second one
         self.offset = 0
         self._payload = 0  # bytes of the current D frame still to come
         self._reason: int | None = None  # the size of the X frame whose reason is being read
@@ -239,6 +256,14 @@ class ReceiverConnection(_Machine):
             return len(data)
         if self._state == "first":
             return self._first_words(data, pos, events)
+        if self._state == "offer":
+            line, pos = self._input.line(data, pos)
+            if line is not None:
+                events.append(CompressOffer(parse_line(line, "the sender")))
+                self._state = "offered"
+            return pos
+        if self._state == "offered":
+            raise SessionError("the sender sent more before its compression offer was answered")
         if self._state == "hello":
             line, pos = self._input.line(data, pos)
             if line is not None:
@@ -249,16 +274,20 @@ class ReceiverConnection(_Machine):
 
     def _first_words(self, data: memoryview, pos: int, events: list[Event]) -> int:
         kept = self._input.kept
-        n = min(len(HELLO_START) - len(kept), len(data) - pos)
+        n = min(FIRST_WORDS - len(kept), len(data) - pos)
         kept += data[pos : pos + n]
+        starts = (RAW_MAGIC, HELLO_START) if self._answered else (RAW_MAGIC, HELLO_START, OFFER)
         if kept.startswith(RAW_MAGIC):
             self._state = "raw"
             events += [RawStream(), Data(memoryview(bytes(kept)))]
             kept.clear()
-        elif kept == HELLO_START:
-            self._state = "hello"
-        elif not (RAW_MAGIC.startswith(kept) or HELLO_START.startswith(kept)):
-            raise SessionError(f"neither a session hello nor a btrfs stream: {printable(repr(bytes(kept)))}")
+        elif kept.startswith(HELLO_START):
+            self._state = "hello"  # the line goes on from what is kept
+        elif kept.startswith(OFFER) and not self._answered:
+            self._state = "offer"
+        elif not any(start.startswith(kept) for start in starts):
+            offer = "" if self._answered else " nor a compression offer"
+            raise SessionError(f"neither a session hello nor a btrfs stream{offer}: {printable(repr(bytes(kept)))}")
         return pos + n
 
     def _frame(self, data: memoryview, pos: int, events: list[Event]) -> int:
@@ -298,6 +327,13 @@ class ReceiverConnection(_Machine):
         return pos
 
     # what the receiver sends
+
+    def take_offer(self, method: str) -> bytes:
+        """The answer to a :class:`CompressOffer`: ``method`` is what the receiver takes (``none``: nothing)."""
+        if self._state != "offered":
+            raise SessionError("no compression offer to answer")
+        self._state, self._answered = "first", True
+        return offer_line(method)
 
     def answer(self, verified: int, resume: int) -> bytes:
         """The answer to the hello; the frames that follow carry the stream from ``resume`` on."""

@@ -28,10 +28,11 @@ from ... import errors as e
 from ...errors import SessionError, TruncationError
 from ...io.threads import started
 from ...ops.identity import describe
+from ..compression import METHOD
 from ..listener import Listener
 from ..tls import Channel
 from .connection import BUFFER_SIZE, Inbox, _close, _kill, _quiet_close, tell, transient
-from .protocol import Abort, Bye, Data, End, Hello, ReceiverConnection
+from .protocol import Abort, Bye, CompressOffer, Data, End, Hello, ReceiverConnection
 
 ACK_BYTES = 4 << 20
 ACK_SECONDS = 0.5
@@ -85,9 +86,15 @@ def open_connection(
 
 
 def _first_words(inbox: Inbox[ReceiverConnection], timeout: float) -> dict[str, Any] | None:
-    """The hello's stream identity, or None for a raw stream."""
+    """The hello's stream identity, or None for a raw stream; a compression offer first is taken."""
     try:
         event = inbox.next_event()
+        if isinstance(event, CompressOffer):
+            taken = METHOD if event.method == METHOD else "none"
+            inbox.channel.send_all(inbox.machine.take_offer(taken))
+            if taken == METHOD:
+                inbox.channel.decompress()
+            event = inbox.next_event()
     except (EOFError, TruncationError):
         raise SessionError("the connection ended before a session hello or a btrfs stream") from None
     except TimeoutError:

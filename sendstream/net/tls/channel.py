@@ -17,9 +17,27 @@ import os
 import select
 import socket
 import time
+from collections.abc import Callable
 
 from ...errors import TlsError, UsageError
+from ..compression import Compressor, Decompressor, Tally
 from ..pacing import TokenBucket
+
+SENDFILE_CHUNK = 256 << 10
+
+
+def read_and_send(fd: int, offset: int, count: int, send: Callable[[memoryview], object]) -> int:
+    """``sendfile`` where the kernel cannot send the file itself: ``count`` bytes of ``fd`` from ``offset``,
+    read and given to ``send`` a piece at a time; fewer only when the file ends first."""
+    buf = memoryview(bytearray(min(count, SENDFILE_CHUNK)))
+    sent = 0
+    while sent < count:
+        n = os.preadv(fd, [buf[: min(len(buf), count - sent)]], offset + sent)
+        if n == 0:
+            break
+        send(buf[:n])
+        sent += n
+    return sent
 
 
 class Channel(abc.ABC):
@@ -41,6 +59,8 @@ class Channel(abc.ABC):
         self._tx_failed = False
         self._rx_done = False
         self._bucket: TokenBucket | None = None
+        self._deflate: Compressor | None = None
+        self._inflate: Decompressor | None = None
 
     @property
     @abc.abstractmethod
@@ -56,9 +76,31 @@ class Channel(abc.ABC):
     def describe(self) -> str:
         """One line for the user, e.g. ``"tls13-aes128-gcm, TX kernel, RX userspace"``."""
 
-    @abc.abstractmethod
     def recv_into(self, buf: bytearray | memoryview) -> int:
-        """Receive up to ``len(buf)`` bytes; 0 only at a clean end (TLS: the peer's close_notify)."""
+        """Receive up to ``len(buf)`` bytes; 0 only at a clean end (TLS: the peer's close_notify).
+
+        After :meth:`decompress`, the bytes are those of the peer's zstd stream, decompressed.
+        """
+        if self._inflate is not None:
+            return self._inflate.readinto(buf)
+        return self._recv_into(buf)
+
+    @abc.abstractmethod
+    def _recv_into(self, buf: bytearray | memoryview) -> int:
+        """As :meth:`recv_into`, what came on the wire."""
+
+    def compress(self, tally: Tally) -> None:
+        """Send one zstd stream from now on (:mod:`~sendstream.net.compression`), counted in ``tally``."""
+        self._deflate = Compressor(tally)
+
+    def decompress(self) -> None:
+        """Take the peer's bytes as one zstd stream from now on, and receive them decompressed."""
+        self._inflate = Decompressor(self._recv_into)
+
+    @property
+    def compressed(self) -> bool:
+        """Whether the peer's bytes come compressed."""
+        return self._inflate is not None
 
     def limit_rate(self, bytes_per_second: float) -> None:
         """Send no faster than ``bytes_per_second`` from now on, evenly (see :class:`TokenBucket`)."""
@@ -69,20 +111,26 @@ class Channel(abc.ABC):
         self._check_send()
         with memoryview(data) as view:
             try:
-                if self._bucket is None:
-                    self._send(view.cast("B"))
-                    return
-                flat, step = view.cast("B"), self._bucket.burst
-                for start in range(0, len(flat), step):
-                    piece = flat[start : start + step]
-                    self._pace(len(piece))
-                    self._send(piece)
+                flat = view.cast("B")
+                self._paced(memoryview(self._deflate.compress(flat)) if self._deflate is not None else flat)
             except BaseException:
                 self._tx_failed = True
                 raise
 
+    def _paced(self, flat: memoryview) -> None:
+        if self._bucket is None:
+            self._send(flat)
+            return
+        step = self._bucket.burst
+        for start in range(0, len(flat), step):
+            piece = flat[start : start + step]
+            self._pace(len(piece))
+            self._send(piece)
+
     def sendfile(self, fd: int, offset: int, count: int) -> int:
         """Send ``count`` bytes of file ``fd`` from ``offset``; fewer only when the file ends first."""
+        if self._deflate is not None:
+            return read_and_send(fd, offset, count, self.send_all)
         self._check_send()
         try:
             if self._bucket is None:
@@ -128,6 +176,8 @@ class Channel(abc.ABC):
             return
         self._tx_done = True
         if not self._tx_failed:
+            if self._deflate is not None:
+                self._paced(memoryview(self._deflate.finish()))
             self._end_tx()
         self._sock.shutdown(socket.SHUT_WR)
 
@@ -232,7 +282,7 @@ class PlainChannel(Channel):
     def _send(self, view: memoryview) -> None:
         self._socket_send_all(view)
 
-    def recv_into(self, buf: bytearray | memoryview) -> int:
+    def _recv_into(self, buf: bytearray | memoryview) -> int:
         while True:
             try:
                 n = self._sock.recv_into(buf)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import abc
 import errno
-import os
 import select
 import socket
 import struct
@@ -21,7 +20,7 @@ from collections.abc import Callable
 from typing import Final
 
 from ...errors import HandshakeError, TlsCause, TlsError, TruncationError, UsageError
-from .channel import Channel
+from .channel import Channel, read_and_send
 from .keys import ServerKeys, fingerprint
 from .suites import SUITES
 
@@ -37,7 +36,6 @@ _CLOSE_NOTIFY = b"\x01\x00"  # level warning, description close_notify
 _NEW_SESSION_TICKET, _KEY_UPDATE = 4, 24
 _CMSG_SPACE = socket.CMSG_SPACE(1)
 _MAX_RECORD = 1 << 14  # TLS plaintext limit: a kernel read of this size holds any whole record
-_SENDFILE_CHUNK = 256 << 10
 
 TRUNCATED: Final = "the connection ended without a TLS close_notify: the data may be truncated"
 # What a failed handshake most likely means by the alert the peer sent, whichever library reports it.
@@ -347,7 +345,7 @@ class TlsChannel(Channel):
         else:
             self._user_send_all(view)
 
-    def recv_into(self, buf: bytearray | memoryview) -> int:
+    def _recv_into(self, buf: bytearray | memoryview) -> int:
         if self._rx_error is not None:
             raise self._rx_error
         if self._rx_done:
@@ -369,15 +367,7 @@ class TlsChannel(Channel):
     def _sendfile(self, fd: int, offset: int, count: int) -> int:
         if self._tx_kernel:
             return self._socket_sendfile(fd, offset, count)
-        buf = memoryview(bytearray(min(count, _SENDFILE_CHUNK)))
-        sent = 0
-        while sent < count:
-            n = os.preadv(fd, [buf[: min(len(buf), count - sent)]], offset + sent)
-            if n == 0:
-                break
-            self._user_send_all(buf[:n])
-            sent += n
-        return sent
+        return read_and_send(fd, offset, count, self._user_send_all)
 
     def _end_tx(self) -> None:
         if not self._tx_kernel:
