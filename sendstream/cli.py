@@ -228,6 +228,7 @@ def send(
     sending: SenderOptions,
     token: str | None,
     no_status: bool,
+    read_ahead: int,
     show: ProgressOptions,
     verbose: bool,
 ) -> None:
@@ -264,6 +265,7 @@ def send(
             resume=checkpoint,
             expect_status=not no_status,
             log=log,
+            read_ahead=read_ahead,
             **sending.retrying(),
         )
     if not show.quiet:

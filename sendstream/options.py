@@ -179,6 +179,15 @@ send_options = options(
         help="The receiver is not sendstream (stunnel, socat, openssl): count the stream as delivered once it "
         "is sent and closed, without the receiver's status.",
     ),
+    click.option(
+        "--buffer",
+        "read_ahead",
+        type=ByteSize(minimum=1),
+        default=0,
+        metavar="SIZE",
+        help="Read a piped STREAM up to SIZE bytes ahead in memory (as mbuffer -m SIZE), so that a bursty "
+        "producer such as btrfs send runs on while the network is slower; memory grows by SIZE.",
+    ),
 )
 output_options = options(
     click.option(

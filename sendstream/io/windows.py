@@ -63,7 +63,7 @@ class BufferedWindows:
 
     def __init__(self, source: BinaryIO, size: int = 8 << 20) -> None:
         self._source = source
-        self._read = _read_what_is_there(source)
+        self._read = read_what_is_there(source)
         self._ready = _poller(source)
         with contextlib.suppress(AttributeError, OSError, ValueError):
             widen(source.fileno())
@@ -163,7 +163,7 @@ def is_regular(source: BinaryIO) -> bool:
         return False
 
 
-def _read_what_is_there(source: BinaryIO) -> Callable[[memoryview], int | None]:
+def read_what_is_there(source: BinaryIO) -> Callable[[memoryview], int | None]:
     """``source``'s read that returns what has arrived (one system call), not a full buffer."""
     return getattr(source, "readinto1", None) or source.readinto  # type: ignore[attr-defined,no-any-return]
 
@@ -194,7 +194,7 @@ class FlushBeforeRead:
 
     def __init__(self, source: BinaryIO, out: BinaryIO) -> None:
         self._source = source
-        self._read = _read_what_is_there(source)
+        self._read = read_what_is_there(source)
         self._out = out
 
     def readinto(self, b: memoryview) -> int:

@@ -15,10 +15,11 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from .. import errors as e
 from ..codec.framer import Framer
+from ..io.readahead import ReadAhead
 from ..io.threads import started
 from ..io.windows import file_events, is_regular
 from ..ops.repair import Healer
@@ -261,12 +262,20 @@ def send(
     retries: int = 5,
     retry_delay: float = 1.0,
     log: Callable[[str], object] | None = None,
+    read_ahead: int = 0,
 ) -> Summary:
     """Check, heal and send ``source``: the plain stream through one channel (:func:`send_stream`), or,
     ``resumable`` or from a receiver's ``resume`` checkpoint, in a session that survives drops
-    (:func:`send_resumable`). Returns once the receiver reported success."""
-    if progress.total is None and is_regular(source):
-        progress.total = os.fstat(source.fileno()).st_size - source.tell()
+    (:func:`send_resumable`). Returns once the receiver reported success.
+
+    With ``read_ahead`` a source that is not a regular file is read up to that
+    many bytes ahead in a thread (:class:`~sendstream.io.readahead.ReadAhead`).
+    """
+    if is_regular(source):
+        if progress.total is None:
+            progress.total = os.fstat(source.fileno()).st_size - source.tell()
+    elif read_ahead:
+        source = cast(BinaryIO, ReadAhead(source, read_ahead))
     if not resumable and resume is None:
         with connect() as channel:
             return send_stream(source, channel, progress, expect_status=expect_status)

@@ -1,4 +1,5 @@
-"""``send --compress zstd``: negotiated per connection, compressed before TLS, the receiver's bytes as sent."""
+"""The wire: ``send --compress zstd`` (negotiated per connection, compressed before TLS, the receiver's
+bytes as sent) and ``send --buffer SIZE`` (a bursty producer runs on while the network is slower)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import re
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -227,3 +229,38 @@ def test_levels() -> None:
     assert parse_choice("zstd") == 3 and parse_choice("zstd:19") == 19
     with pytest.raises(ValueError, match="1 to 19"):
         parse_choice("zstd:22")
+
+
+# --buffer
+
+
+def _producer_share(tmp_path: Path, *extra: str) -> float:
+    """The time a producer took to write a burst into ``send`` at 4 MiB/s, as a share of the whole transfer."""
+    data = SAMPLE.read_bytes() * 40  # 11 MB: 2.7 s at 4 MiB/s
+    port = free_port()
+    out = tmp_path / f"out{len(extra)}"
+    recv = receiver("receive", "--listen", f"127.0.0.1:{port}", "-o", str(out), "--tls", "none")
+    try:
+        wait_listening(port)
+        argv = [*CMD, "send", "--to", f"127.0.0.1:{port}", "-", "--tls", "none", "--rate-limit", "4M", *extra]
+        send = subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert send.stdin is not None
+        started = time.monotonic()
+        send.stdin.write(data)
+        send.stdin.close()
+        written = time.monotonic() - started
+        send.wait(timeout=60)
+        took = time.monotonic() - started
+        assert send.stderr is not None
+        err = send.stderr.read()
+        recv.communicate(timeout=60)
+    finally:
+        recv.kill()
+    assert send.returncode == 0 and recv.returncode == 0, err
+    assert out.read_bytes() == data
+    return written / took
+
+
+def test_a_buffer_lets_a_bursty_producer_run_on(tmp_path: Path) -> None:
+    assert _producer_share(tmp_path, "--buffer", "16M") < 0.3
+    assert _producer_share(tmp_path) > 0.6  # without it, the producer waits for the network
