@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 import subprocess
 import sys
+import typing
 import uuid
 from pathlib import Path
 
@@ -13,8 +14,8 @@ import pytest
 from support.streams import END, FIXTURES, decode
 
 from sendstream import Command, Timespec, crc32c, encode_command, reference_crc32c
+from sendstream.format import _layout, generate, layout
 from sendstream.format import declarations as f
-from sendstream.format import generate, layout
 
 
 def test_structs_are_derived_from_the_declarations() -> None:
@@ -26,6 +27,27 @@ def test_structs_are_derived_from_the_declarations() -> None:
     assert layout.TLV_HEADER.size == f.TlvHeader.sizeof() == 4
     with pytest.raises(TypeError):
         generate.struct_of(c.Struct("x" / c.GreedyBytes))
+
+
+@pytest.mark.parametrize(
+    ("alias", "kind"),
+    [
+        ("IntAttribute", int),
+        ("BytesAttribute", bytes),
+        ("DataAttribute", memoryview),
+        ("UuidAttribute", uuid.UUID),
+        ("TimespecAttribute", Timespec),
+    ],
+)
+def test_get_gives_every_attribute_the_type_its_overload_says(alias: str, kind: type) -> None:
+    names = typing.get_args(getattr(_layout, alias))
+    assert names, alias
+    for name in names:
+        spec = layout.ATTRIBUTES[layout.ATTRIBUTE_NUMBERS[name]]
+        raw = bytes(spec.size or 3)
+        assert isinstance(Command(0, [(spec.number, raw)]).get(name), kind), name
+    every = {n for a in generate.TYPED_NAMES for n in typing.get_args(getattr(_layout, a))}
+    assert every == {a.name for a in layout.ATTRIBUTES.values()}
 
 
 def test_the_runtime_layout_is_generated_from_the_declarations() -> None:

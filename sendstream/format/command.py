@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ..errors import AttributeNotFound, shown
 from .layout import (
@@ -18,7 +18,14 @@ from .layout import (
     decode_value,
     encode_value,
 )
-from .specs import CommandSpec
+from .specs import CommandSpec, Timespec
+
+if TYPE_CHECKING:
+    import uuid
+
+    from ._layout import BytesAttribute, DataAttribute, IntAttribute, TimespecAttribute, UuidAttribute
+
+T = TypeVar("T")
 
 _MISSING: Any = object()
 
@@ -85,6 +92,29 @@ class Command:
             if t == number:
                 found = v
         return found
+
+    @overload
+    def get(self, key: IntAttribute) -> int: ...
+    @overload
+    def get(self, key: IntAttribute, default: T) -> int | T: ...
+    @overload
+    def get(self, key: BytesAttribute) -> bytes: ...
+    @overload
+    def get(self, key: BytesAttribute, default: T) -> bytes | T: ...
+    @overload
+    def get(self, key: DataAttribute) -> memoryview: ...
+    @overload
+    def get(self, key: DataAttribute, default: T) -> memoryview | T: ...
+    @overload
+    def get(self, key: UuidAttribute) -> uuid.UUID: ...
+    @overload
+    def get(self, key: UuidAttribute, default: T) -> uuid.UUID | T: ...
+    @overload
+    def get(self, key: TimespecAttribute) -> Timespec: ...
+    @overload
+    def get(self, key: TimespecAttribute, default: T) -> Timespec | T: ...
+    @overload
+    def get(self, key: str | int, default: Any = ...) -> Any: ...  # a number: raw when the version lacks it
 
     def get(self, key: str | int, default: Any = _MISSING) -> Any:
         """The typed value of an attribute, by name or number (raw when unknown to the stream's version).
