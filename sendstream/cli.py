@@ -437,6 +437,58 @@ def stats(stream: str, **options: Any) -> None:
     write_stats(stream, sys.stdout.buffer, warn=warn, **given(**options))
 
 
+@cli.command()
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="The service's TOML file: where to listen, and each client's identity, key and place (see README).",
+)
+@click.option("--check-config", is_flag=True, help="Check FILE (keys, places, names) and say what is wrong, then exit.")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="One line per event on stderr: key=value text, or JSON lines.",
+)
+def serve(config_path: str, check_config: bool, log_format: str) -> None:
+    """Receive streams from many clients at once, each authenticated by its key
+    and stored in its own place, until SIGTERM or Ctrl-C.
+
+    A client with a wrong key, one that sends garbage or nothing, a damaged
+    stream: each ends its own connection, with a logged reason and a status
+    to the sender, and the service goes on. A stream is stored whole and
+    checked, named by its subvolume UUID and ctransid (and its parent's),
+    with a JSON manifest beside it.
+    """
+    import signal
+    import threading
+
+    from .service import config as configuration
+    from .service.server import EventLog, Service
+
+    config = configuration.load(config_path, warn=warn)
+    if check_config:
+        click.echo(
+            f"{config_path}: ok: {len(config.clients)} client{'s' * (len(config.clients) != 1)} "
+            f"({', '.join(sorted(config.clients))}), {config.tls} on {config.listen.host}:{config.listen.port}"
+        )
+        return
+    stop = threading.Event()
+
+    def stopping(signum: int, frame: object) -> None:
+        stop.set()  # a second signal ends the process at once
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    signal.signal(signal.SIGTERM, stopping)
+    signal.signal(signal.SIGINT, stopping)
+    Service(config, EventLog(sys.stderr, log_format)).run(stop)
+
+
 cli.add_command(key)
 cli.add_command(man)
 

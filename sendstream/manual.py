@@ -34,6 +34,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "stats": ("btrfs send /mnt/snap | sendstream stats",),
     "new": ("sendstream key new /etc/sendstream/backup.key",),
     "fingerprint": ("sendstream key fingerprint /etc/sendstream/backup.key",),
+    "serve": (
+        "sendstream serve --config /etc/sendstream/serve.toml --check-config",
+        "sendstream serve --config /etc/sendstream/serve.toml --log-format json",
+    ),
     "man": ("sendstream man | man -l -", "sendstream man > /usr/local/share/man/man1/sendstream.1"),
 }
 

@@ -23,7 +23,7 @@ from .progress import Progress, Summary
 from .tls import Channel
 
 if TYPE_CHECKING:
-    from ..ops.ledger import Checkpoint
+    from ..ops.ledger import Checkpoint, Ledger
     from .journal import Journal
     from .session.receiver import SessionReceiver
     from .sinks import Sink
@@ -86,13 +86,18 @@ def accept_sender(
 
 
 def receive_resumable(
-    session: Any, write: Callable[[Any], object], progress: Progress, journal: Journal | None = None
+    session: Any,
+    write: Callable[[Any], object],
+    progress: Progress,
+    journal: Journal | None = None,
+    ledger: Ledger | None = None,
 ) -> Summary:
     """Receive through a :class:`~sendstream.session.SessionReceiver`: check every command, write only checked ones.
 
     With a ``journal`` the output is made durable at checkpoints; a resumed
     journal's kept prefix is checked again first, and the session's bytes
-    follow it.
+    follow it. A ``ledger`` (the journal's own, when there is one) digests
+    every command written.
     """
     from ..ops.ledger import Ledger
 
@@ -102,7 +107,6 @@ def receive_resumable(
 
     source: Any = session
     out: Callable[[Any], object] = counted
-    ledger = None
     if journal is not None:
         ledger = Ledger(journal.checkpoint)
         session.checkpoint = lambda offset: journal.commit(offset, session.identity, ledger)

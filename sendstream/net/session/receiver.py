@@ -29,7 +29,7 @@ from ...errors import SessionError, TruncationError
 from ...io.threads import started
 from ...ops.identity import describe
 from ..compression import METHOD
-from ..listener import Listener
+from ..listener import Listener, describe_peer
 from ..tls import Channel
 from .connection import BUFFER_SIZE, Inbox, _close, _kill, _quiet_close, tell, transient
 from .protocol import Abort, Bye, CompressOffer, Data, End, Hello, ReceiverConnection
@@ -48,6 +48,7 @@ class Opening:
     channel: Channel
     inbox: Inbox[ReceiverConnection]
     identity: dict[str, Any] | None  # the hello's stream; None: a raw stream (``btrfs-stream`` came first)
+    peer: str = ""  # HOST:PORT
 
     def close(self) -> None:
         _close(self.channel)
@@ -70,6 +71,10 @@ def open_connection(
     handshake its own error); a peer that spoke out of turn is told why.
     Once open, each wait of the channel lasts at most ``idle_timeout``.
     """
+    try:
+        peer = describe_peer(sock.getpeername())
+    except OSError:
+        peer = "a peer that left"
     channel = handshake(sock, max(deadline - time.monotonic(), 0.001))
     try:
         channel.set_deadline(deadline)
@@ -82,7 +87,7 @@ def open_connection(
         raise
     channel.set_deadline(None)
     channel.settimeout(idle_timeout)
-    return Opening(channel, inbox, identity)
+    return Opening(channel, inbox, identity, peer)
 
 
 def _first_words(inbox: Inbox[ReceiverConnection], timeout: float) -> dict[str, Any] | None:

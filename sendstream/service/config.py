@@ -1,0 +1,212 @@
+"""The service's configuration: a TOML file that names every client, its key and its place.
+
+::
+
+    listen = "*:7000"
+    tls = "tls13-aes128-gcm"        # every client's mode
+    max_transfers = 16              # at once, all clients together
+    max_per_client = 2
+    handshake_timeout = 30          # seconds for the handshake and the first words
+    idle_timeout = 600              # seconds without a byte from a sender
+
+    [clients.web1]                  # the name is the client's PSK identity
+    key = "keys/web1.key"           # relative to this file's directory
+    store = "/srv/streams/web1"     # stream files, each with a JSON manifest
+
+Where a client's streams land is decided here, from the identity the TLS
+handshake proved, never from anything the client sends. Names are checked
+(letters, digits, ``.``, ``_``, ``-``; no leading dot), and no client's
+place may hold another's. :func:`load` raises :class:`ConfigError` naming
+the file, the line and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import re
+import tomllib
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import KeyFileError, UsageError
+from ..net.address import Address
+from ..net.tls import MODES
+from ..net.tls.keys import load_key
+
+IDENTITY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_INTEGERS = {"max_transfers": (1, 4096, 16), "max_per_client": (1, 4096, 2)}
+_SECONDS = {"handshake_timeout": (0.1, 3600.0, 30.0), "idle_timeout": (0.0, 86400.0, 600.0)}
+_TOP = {"listen", "tls", "clients", *_INTEGERS, *_SECONDS}
+_CLIENT = {"key", "store"}
+
+
+class ConfigError(UsageError):
+    """The configuration is wrong: ``where`` is ``FILE:LINE`` (or ``FILE``)."""
+
+    def __init__(self, where: str, message: str) -> None:
+        super().__init__(f"{where}: {message}")
+        self.where = where
+
+
+@dataclasses.dataclass(frozen=True)
+class Client:
+    """A client: its identity, its key, and the directory its streams are stored in."""
+
+    identity: str
+    key: bytes = dataclasses.field(repr=False)
+    store: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The whole service."""
+
+    path: str
+    listen: Address
+    tls: str
+    clients: dict[str, Client]
+    max_transfers: int
+    max_per_client: int
+    handshake_timeout: float
+    idle_timeout: float | None  # None: for ever (0 in the file)
+
+    def key_of(self, identity: str) -> bytes | None:
+        """The key of a configured client (None for anyone else): the TLS server's lookup."""
+        client = self.clients.get(identity)
+        return client.key if client else None
+
+
+class _Lines:
+    """Where a key is written in the file, for messages (TOML parsers give values, not places)."""
+
+    def __init__(self, path: str, text: str) -> None:
+        self.path = path
+        self.lines = text.splitlines()
+
+    def at(self, table: tuple[str, ...] | None, key: str | None = None) -> str:
+        """``FILE:LINE`` of ``key`` in table ``table`` (its parts; top level: None), or of its header."""
+        start, end = 0, len(self.lines)
+        if table is not None:
+            parts = (rf"""(?:{re.escape(p)}|"{re.escape(p)}"|'{re.escape(p)}')""" for p in table)
+            head = re.compile(r"\s*\[\s*" + r"\s*\.\s*".join(parts) + r"\s*\]")
+            found = next((i for i, line in enumerate(self.lines) if head.match(line)), None)
+            if found is None:
+                return self.path
+            if key is None:
+                return f"{self.path}:{found + 1}"
+            start = found + 1
+        end = next((i for i in range(start, end) if self.lines[i].lstrip().startswith("[")), end)
+        pattern = re.compile(rf"\s*{re.escape(key or '')}\s*=")
+        for i in range(start, end):
+            if key is not None and pattern.match(self.lines[i]):
+                return f"{self.path}:{i + 1}"
+        return f"{self.path}:{start}" if table is not None else self.path
+
+
+def load(path: str, warn: Callable[[str], object] | None = None) -> Config:
+    """Read and check the configuration at ``path``: every key file is read, every place must exist."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(1 << 20)
+    except OSError as exc:
+        raise ConfigError(path, f"cannot read the configuration: {exc.strerror}") from exc
+    try:
+        text = raw.decode("utf-8")
+        data = tomllib.loads(text)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, f"not UTF-8 at byte {exc.start}") from None
+    except tomllib.TOMLDecodeError as exc:
+        line = re.search(r"line (\d+)", str(exc))
+        raise ConfigError(f"{path}:{line.group(1)}" if line else path, f"not TOML: {exc}") from None
+    lines = _Lines(path, text)
+    base = os.path.dirname(os.path.abspath(path))
+    for key in data:
+        if key not in _TOP:
+            known = ", ".join(sorted(_TOP))
+            raise ConfigError(lines.at(None, key), f"unknown setting {key!r}; expected one of {known}")
+    listen = _text(data, "listen", lines, None)
+    try:
+        address = Address.parse(listen, listen=True)
+    except UsageError as exc:
+        raise ConfigError(lines.at(None, "listen"), f"listen: {exc}") from None
+    tls = data.get("tls", "tls13-aes128-gcm")
+    if tls not in MODES or tls == "none":
+        modes = ", ".join(m for m in MODES if m != "none")
+        raise ConfigError(lines.at(None, "tls"), f"tls: expected one of {modes}, got {tls!r}")
+    numbers: dict[str, Any] = {}
+    for key, (low, high, default) in {**_INTEGERS, **_SECONDS}.items():
+        value = data.get(key, default)
+        integer = key in _INTEGERS
+        kinds = int if integer else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
+            kind = "a whole number" if integer else "seconds"
+            raise ConfigError(lines.at(None, key), f"{key}: expected {kind} from {low} to {high}, got {value!r}")
+        numbers[key] = value
+    clients = _clients(data.get("clients"), lines, base, warn)
+    return Config(
+        path=path,
+        listen=address,
+        tls=tls,
+        clients=clients,
+        max_transfers=numbers["max_transfers"],
+        max_per_client=numbers["max_per_client"],
+        handshake_timeout=float(numbers["handshake_timeout"]),
+        idle_timeout=float(numbers["idle_timeout"]) or None,
+    )
+
+
+def _text(table: dict[str, Any], key: str, lines: _Lines, name: str | None) -> str:
+    value = table.get(key)
+    if not isinstance(value, str) or not value:
+        what = f"clients.{name}.{key}" if name else key
+        where = lines.at(("clients", name) if name else None, key if key in table else None)
+        raise ConfigError(where, f"{what}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _clients(table: Any, lines: _Lines, base: str, warn: Callable[[str], object] | None) -> dict[str, Client]:
+    if not isinstance(table, dict) or not table:
+        raise ConfigError(lines.path, "no clients: add a [clients.NAME] table for each (NAME is its PSK identity)")
+    clients: dict[str, Client] = {}
+    for name, settings in table.items():
+        where = lines.at(("clients", name))
+        if not IDENTITY.fullmatch(name):
+            raise ConfigError(
+                where,
+                f"client name {name!r}: expected 1 to 64 letters, digits, '.', '_' or '-', "
+                "not starting with '.' or '-' (it names the client's PSK identity and its place)",
+            )
+        if not isinstance(settings, dict):
+            raise ConfigError(where, f"clients.{name}: expected a table with key and store")
+        for key in settings:
+            if key not in _CLIENT:
+                raise ConfigError(
+                    lines.at(("clients", name), key),
+                    f"clients.{name}: unknown setting {key!r}; expected {', '.join(sorted(_CLIENT))}",
+                )
+        key_path = os.path.join(base, _text(settings, "key", lines, name))
+        try:
+            key = load_key(key_path, warn)
+        except KeyFileError as exc:
+            raise ConfigError(lines.at(("clients", name), "key"), f"clients.{name}.key: {exc}") from None
+        store = os.path.realpath(os.path.join(base, _text(settings, "store", lines, name)))
+        if not os.path.isdir(store):
+            raise ConfigError(
+                lines.at(("clients", name), "store"), f"clients.{name}.store: {store!r} is not a directory"
+            )
+        clients[name] = Client(name, key, store)
+    _no_overlap(clients, lines)
+    return clients
+
+
+def _no_overlap(clients: dict[str, Client], lines: _Lines) -> None:
+    """No client's place is another's, or inside it: one could read or overwrite the other's streams."""
+    for a, b in itertools.permutations(clients.values(), 2):
+        if b.store == a.store or b.store.startswith(a.store.rstrip("/") + "/"):
+            raise ConfigError(
+                lines.at(("clients", b.identity), "store"),
+                f"clients.{b.identity}.store {b.store!r} is inside clients.{a.identity}.store {a.store!r}: "
+                "each client needs a place of its own",
+            )

@@ -1,0 +1,233 @@
+"""``sendstream serve``: one process takes streams from many clients at once, each into its own place.
+
+Connections are opened concurrently (:class:`~sendstream.net.listener.Listener`):
+a wrong key, garbage or silence ends that connection with a logged reason.
+Each opened connection runs in a thread of its own: the client is the PSK
+identity the handshake proved, its place the one the configuration gives it.
+Every command is checked (and a restarted stream healed) before it is
+written; the stream goes to a hidden file in the client's place, and only a
+whole, checked stream is renamed to its name (:mod:`sendstream.ops.stored`),
+with its manifest beside it. A failure of one transfer is answered to its
+sender and logged; the service goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import IO, Any
+
+from .. import errors as e
+from ..io.outputs import OutputDirectory, OutputFile
+from ..io.threads import started
+from ..net.address import listen
+from ..net.listener import Listener
+from ..net.progress import NONE, Progress
+from ..net.receiving import receive_resumable
+from ..net.session.connection import failure_status, tell
+from ..net.session.protocol import PREFIX_SIZE
+from ..net.session.receiver import Opening, SessionReceiver, open_connection
+from ..net.tls import accept_channel
+from ..net.tls.keys import fingerprint
+from ..ops.identity import stream_identity
+from ..ops.ledger import Ledger
+from ..ops.stored import manifest, stream_name
+from .config import Client, Config
+
+DRAIN_SECONDS = 30.0  # after SIGTERM, how long running transfers may take to end before they are cut
+
+
+class EventLog:
+    """One line per event, plain ``key=value`` text or JSON lines, safe from every thread."""
+
+    def __init__(self, stream: IO[str], fmt: str = "text") -> None:
+        self._stream = stream
+        self._json = fmt == "json"
+        self._lock = threading.Lock()
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        when = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
+        if self._json:
+            line = json.dumps({"time": when, "event": event, **fields}, sort_keys=False)
+        else:
+            line = " ".join([when, event, *(f"{k}={_text(v)}" for k, v in fields.items())])
+        with self._lock:
+            self._stream.write(line + "\n")
+            self._stream.flush()
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
+
+
+def _text(value: Any) -> str:
+    text = str(value)
+    return json.dumps(text) if not text or any(c.isspace() or c in '"=' for c in text) else text
+
+
+class Service:
+    """The service of ``config``: :meth:`run` until ``stop`` is set."""
+
+    def __init__(self, config: Config, log: EventLog) -> None:
+        self.config = config
+        self.log = log
+        self._lock = threading.Lock()
+        self._active: dict[str, set[SessionReceiver]] = {name: set() for name in config.clients}
+        self._threads: set[threading.Thread] = set()
+
+    def run(self, stop: threading.Event, ready: Callable[[], object] | None = None) -> None:
+        """Accept and serve until ``stop``; then let running transfers end (at most :data:`DRAIN_SECONDS`)."""
+        config = self.config
+        for client in config.clients.values():
+            self.log("client", client=client.identity, key=fingerprint(client.key), store=client.store)
+        with listen(config.listen.host, config.listen.port) as server:
+            listener = Listener(
+                server,
+                self._open,
+                Opening.close,
+                timeout=config.handshake_timeout,
+                log=lambda text: self.log("refused", reason=text),
+                max_pending=max(config.max_transfers, 16),
+            )
+            listener.serve()
+            self.log("listening", address=f"{config.listen.host}:{server.getsockname()[1]}", tls=config.tls)
+            if ready is not None:
+                ready()
+            try:
+                while not stop.is_set():
+                    opening = listener.next(0.25)
+                    if opening is not None:
+                        self._start(opening)
+            finally:
+                listener.close()
+                self._drain()
+        self.log("stopped")
+
+    def _open(self, sock: Any, deadline: float) -> Opening:
+        config = self.config
+
+        def handshake(sock: Any, seconds: float) -> Any:
+            return accept_channel(sock, config.tls, config.key_of, handshake_timeout=seconds)
+
+        return open_connection(
+            sock, handshake, deadline, timeout=config.handshake_timeout, idle_timeout=config.idle_timeout
+        )
+
+    def _start(self, opening: Opening) -> None:
+        client = self.config.clients.get(opening.channel.identity or "")
+        if client is None:  # the key lookup knows only configured clients: never here
+            opening.close()
+            return
+        with self._lock:
+            total = sum(len(s) for s in self._active.values())
+            busy = (
+                f"{client.identity} already has {_count(self.config.max_per_client, 'transfer')} running"
+                if len(self._active[client.identity]) >= self.config.max_per_client
+                else f"{_count(total, 'transfer')} running, the most this service takes"
+                if total >= self.config.max_transfers
+                else None
+            )
+        if busy:
+            self.log("refused", client=client.identity, peer=opening.peer, reason=busy)
+            tell(opening.channel, e.EXIT_IO, f"busy: {busy}; try again later")
+            opening.close()
+            return
+        thread = started(self._transfer, opening, client)
+        with self._lock:
+            self._threads.add(thread)
+
+    def _transfer(self, opening: Opening, client: Client) -> None:
+        began = time.monotonic()
+        fields: dict[str, Any] = {"client": client.identity, "peer": opening.peer}
+        session: SessionReceiver | None = None
+        try:
+            session = SessionReceiver(opening, reconnect_timeout=0.0)
+            with self._lock:
+                self._active[client.identity].add(session)
+            self.log("transfer", **fields, compressed=opening.channel.compressed)
+            name, size = store(session, client, opening.peer)
+            session.answer(0, "ok")
+            self.log("stored", **fields, stream=name, bytes=size, seconds=round(time.monotonic() - began, 3))
+        except Exception as exc:
+            code, message = failure_status(exc)
+            if session is not None:
+                with contextlib.suppress(Exception):
+                    session.answer(code, message)
+            else:
+                opening.close()
+            self.log("failed", **fields, seconds=round(time.monotonic() - began, 3), code=code, reason=message)
+        finally:
+            if session is not None:
+                session.close()
+                with self._lock:
+                    self._active[client.identity].discard(session)
+            with self._lock:
+                self._threads.discard(threading.current_thread())
+
+    def _drain(self) -> None:
+        deadline = time.monotonic() + DRAIN_SECONDS
+        while True:
+            with self._lock:
+                threads = list(self._threads)
+                sessions = [s for group in self._active.values() for s in group]
+            if not threads:
+                return
+            if time.monotonic() > deadline:
+                for session in sessions:  # cut: each fails, removes its hidden file and says why
+                    session.channel.interrupt()
+                deadline = float("inf")
+            threads[0].join(0.25)
+
+
+def store(session: SessionReceiver, client: Client, peer: str) -> tuple[str, int]:
+    """Check and write the stream of ``session`` into ``client``'s place; its name and size once stored."""
+    place = OutputDirectory(os.path.join(client.store, "incoming.stream"))
+    with place:
+        hidden, fd = place.create_temporary(0o600)
+        try:
+            digest, prefix = hashlib.sha256(), bytearray()  # the prefix names the stream
+            with OutputFile(fd, os.path.join(client.store, hidden), closefd=False) as out:
+
+                def write(data: Any) -> None:
+                    out.write(data)
+                    digest.update(data)
+                    if len(prefix) < PREFIX_SIZE:
+                        prefix.extend(memoryview(data)[: PREFIX_SIZE - len(prefix)])
+
+                ledger = Ledger()
+                summary = receive_resumable(session, write, Progress("received", mode=NONE), ledger=ledger)
+                out.fsync()
+            identity = stream_identity(bytes(prefix))
+            name = stream_name(identity)
+            record = manifest(
+                identity,
+                size=summary.bytes,
+                sha256=digest.hexdigest(),
+                commands=ledger.commands,
+                ledger=ledger.digest(),
+                client=client.identity,
+                peer=peer,
+            )
+            place.replace(hidden, name, fd)
+            note, note_fd = place.create_temporary(0o600)
+            try:
+                with OutputFile(note_fd, os.path.join(client.store, note)) as f:
+                    f.write(record)
+                    f.fsync()
+                place.replace(note, name + ".json")
+            except BaseException:
+                place.unlink(note)
+                raise
+            place.sync()  # the names are durable before the sender hears success
+            return name, summary.bytes
+        except BaseException:
+            place.unlink(hidden)
+            raise
+        finally:
+            os.close(fd)

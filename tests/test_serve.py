@@ -1,0 +1,236 @@
+"""``sendstream serve``: many clients at once, each in its own place; no client ends the service."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.net import CMD, free_port, key_file, wait_listening
+from support.streams import FIXTURES
+
+from sendstream.net.tls import connect_channel, load_key
+from sendstream.ops.identity import stream_identity
+from sendstream.ops.stored import stream_name
+
+FULL = FIXTURES / "rich-full-v2.stream"
+INCR = FIXTURES / "rich-incr-v2.stream"
+CLIENTS = ("alpha", "beta", "gamma", "delta")
+
+
+def write_config(tmp_path: Path, port: int, extra: str = "", clients: tuple[str, ...] = CLIENTS) -> Path:
+    (tmp_path / "keys").mkdir(exist_ok=True)
+    text = f'listen = "127.0.0.1:{port}"\n{extra}\n'
+    for name in clients:
+        key_file(tmp_path / "keys" / f"{name}.key")
+        (tmp_path / "places" / name).mkdir(parents=True, exist_ok=True)
+        text += f'[clients.{name}]\nkey = "keys/{name}.key"\nstore = "places/{name}"\n'
+    config = tmp_path / "serve.toml"
+    config.write_text(text)
+    return config
+
+
+@contextlib.contextmanager
+def service(config: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen([*CMD, "serve", "--config", str(config), "--log-format", "json"], stderr=subprocess.PIPE)
+    try:
+        wait_listening(port)
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(40)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def events(proc: subprocess.Popen[bytes]) -> list[dict[str, object]]:
+    assert proc.stderr is not None
+    return [json.loads(line) for line in proc.stderr.read().decode().splitlines()]
+
+
+def send(
+    port: int, tmp_path: Path, client: str, stream: Path, *extra: str, identity: str | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    key = tmp_path / "keys" / f"{client}.key"
+    argv = [*CMD, "send", "--to", f"127.0.0.1:{port}", str(stream), "--key", str(key), "--identity", identity or client]
+    return subprocess.run([*argv, "--progress", "none", *extra], capture_output=True, timeout=120)
+
+
+def stored(tmp_path: Path, client: str) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in (tmp_path / "places" / client).iterdir()}
+
+
+def name_of(stream: Path) -> str:
+    return stream_name(stream_identity(stream.read_bytes()[: 64 << 10]))
+
+
+def test_many_clients_at_once_while_others_attack(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path, port)
+    with service(config, port) as proc:
+        attackers = [
+            threading.Thread(target=_silent, args=(port, 3.0)),
+            threading.Thread(target=_garbage, args=(port, 20 << 20)),
+            threading.Thread(target=_garbage, args=(port, 100)),
+        ]
+        for a in attackers:
+            a.start()
+        jobs = [
+            (client, stream, extra)
+            for client in CLIENTS
+            for stream, extra in ((FULL, ()), (INCR, ("--resumable", "--compress", "zstd")))
+        ]
+        results: dict[int, subprocess.CompletedProcess[bytes]] = {}
+
+        def run(i: int) -> None:
+            client, stream, extra = jobs[i]
+            results[i] = send(port, tmp_path, client, stream, *extra)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+        for t in threads:
+            t.start()
+        wrong = send(port, tmp_path, "alpha", FULL, identity="beta")  # alpha's key, beta's name
+        for t in threads + attackers:
+            t.join(120)
+        assert proc.poll() is None, "a client ended the service"
+    assert all(r.returncode == 0 for r in results.values()), [r.stderr for r in results.values()]
+    assert wrong.returncode == 6 and b"wrong key or identity" in wrong.stderr, wrong.stderr
+    for client in CLIENTS:
+        held = stored(tmp_path, client)
+        assert held[name_of(FULL)] == FULL.read_bytes() and held[name_of(INCR)] == INCR.read_bytes()
+        assert sorted(held) == sorted([name_of(FULL), name_of(FULL) + ".json", name_of(INCR), name_of(INCR) + ".json"])
+        note = json.loads(held[name_of(INCR) + ".json"])
+        assert note["client"] == client and note["size"] == INCR.stat().st_size and note["commands"] > 0
+        assert note["stream"]["parent_uuid"] == stream_identity(FULL.read_bytes()[:65536])["uuid"]
+    log = events(proc)
+    assert proc.returncode == 0
+    assert sum(e["event"] == "stored" for e in log) == len(jobs)
+    reasons = " ".join(str(e.get("reason")) for e in log if e["event"] == "refused")
+    assert "wrong key or identity" in reasons and "does the peer speak TLS" in reasons, reasons
+    assert log[-1]["event"] == "stopped"
+
+
+def _silent(port: int, seconds: float) -> None:
+    with socket.create_connection(("127.0.0.1", port)):
+        time.sleep(seconds)
+
+
+def _garbage(port: int, size: int) -> None:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)) as sock:
+        chunk = b"x" * (1 << 20)
+        sent = 0
+        while sent < size:
+            sock.sendall(chunk[: size - sent])
+            sent += len(chunk)
+
+
+def test_a_bad_stream_leaves_nothing_in_the_place(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    damaged = tmp_path / "damaged.stream"
+    data = bytearray(FULL.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(data)
+    with service(config, port) as proc:
+        told = raw_tls_send(port, tmp_path / "keys" / "alpha.key", "alpha", bytes(data))  # sendstream send checks first
+        good = send(port, tmp_path, "alpha", FULL)
+    assert told.startswith(b"sendstream-status 1 ") and b"crc32c mismatch" in told, told
+    assert good.returncode == 0, good.stderr
+    assert sorted(stored(tmp_path, "alpha")) == [name_of(FULL), name_of(FULL) + ".json"]  # no hidden file left
+    failed = [e for e in events(proc) if e["event"] == "failed"]
+    assert len(failed) == 1 and failed[0]["client"] == "alpha" and "crc32c mismatch" in str(failed[0]["reason"])
+
+
+def raw_tls_send(port: int, key: Path, identity: str, data: bytes) -> bytes:
+    """``data`` as a raw stream through a TLS channel of the library (no checks first); the status line."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.settimeout(20)
+    with connect_channel(sock, "tls13-aes128-gcm", load_key(key), identity) as channel:
+        with contextlib.suppress(OSError):
+            channel.send_all(data)
+            channel.shutdown_write()
+        buf = bytearray(4096)
+        return bytes(buf[: channel.recv_into(buf)])
+
+
+def test_a_client_over_its_limit_is_told_busy(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path, port, "max_per_client = 1", clients=("alpha",))
+    big = tmp_path / "big.stream"
+    big.write_bytes(FULL.read_bytes() * 8)
+    with service(config, port) as proc:
+        slow = threading.Thread(target=send, args=(port, tmp_path, "alpha", big, "--rate-limit", "400K"))
+        slow.start()
+        time.sleep(1.0)
+        second = send(port, tmp_path, "alpha", FULL)
+        slow.join(60)
+    assert second.returncode == 4 and b"busy: alpha already has 1 transfer running" in second.stderr, second.stderr
+    log = events(proc)
+    assert any(e["event"] == "refused" and "already has 1 transfer" in str(e["reason"]) for e in log), log
+
+
+@pytest.mark.parametrize(
+    ("body", "where", "message"),
+    [
+        ('lisen = "x"\n', ":1", "unknown setting 'lisen'"),
+        ('tls = "none"\n', ":1", "tls: expected one of"),
+        ("max_transfers = 0\n", ":1", "max_transfers: expected a whole number from 1"),
+        ("[clients.alpha\n", ":1", "not TOML"),
+        ('[clients."../x"]\nkey = "k"\nstore = "."\n', ":1", "client name '../x': expected 1 to 64 letters"),
+        ('[clients."a/b"]\nkey = "k"\nstore = "."\n', ":1", "client name 'a/b'"),
+        ('[clients."a\\u0000b"]\nkey = "k"\nstore = "."\n', "", "client name 'a\\x00b'"),
+        ('[clients.alpha]\nkey = "missing.key"\nstore = "."\n', ":2", "cannot read key file"),
+        ('[clients.alpha]\nkey = "open.key"\nstore = "."\n', ":2", "accessible by group or others"),
+        ('[clients.alpha]\nkey = "k"\nstore = "nowhere"\n', ":3", "is not a directory"),
+        ('[clients.alpha]\nkey = "k"\n', ":1", "clients.alpha.store: expected a non-empty string"),
+        ('[clients.alpha]\nkey = "k"\nstore = "p"\n[clients.beta]\nkey = "k"\nstore = "p/in"\n', ":6", "is inside"),
+        ('[clients.alpha]\nkey = "k"\nstore = "p"\nwho = 1\n', ":4", "unknown setting 'who'"),
+        ("", "", "no clients"),
+    ],
+    ids=[
+        "unknown-setting",
+        "tls-none",
+        "zero-transfers",
+        "not-toml",
+        "dotdot",
+        "slash",
+        "nul",
+        "missing-key",
+        "open-key",
+        "no-place",
+        "no-store",
+        "nested-places",
+        "client-setting",
+        "no-clients",
+    ],
+)
+def test_check_config_names_the_line_and_what_is_wrong(tmp_path: Path, body: str, where: str, message: str) -> None:
+    key_file(tmp_path / "k")
+    (tmp_path / "open.key").write_bytes(os.urandom(32))
+    (tmp_path / "open.key").chmod(0o644)
+    (tmp_path / "p" / "in").mkdir(parents=True)
+    config = tmp_path / "serve.toml"
+    config.write_text('listen = "127.0.0.1:7000"\n' + body if "listen" not in body and "lisen" not in body else body)
+    offset = 0 if "lisen" in body else 1  # the listen line comes first
+    result = subprocess.run([*CMD, "serve", "--config", str(config), "--check-config"], capture_output=True)
+    text = result.stderr.decode()
+    assert result.returncode == 2 and "Traceback" not in text, text
+    line = f":{int(where[1:]) + offset}" if where else ""
+    assert f"{config}{line}: " in text and message in text, text
+
+
+def test_check_config_says_ok(tmp_path: Path) -> None:
+    config = write_config(tmp_path, 7000)
+    result = subprocess.run([*CMD, "serve", "--config", str(config), "--check-config"], capture_output=True)
+    assert result.returncode == 0 and b": ok: 4 clients (alpha, beta, delta, gamma)" in result.stdout, result
