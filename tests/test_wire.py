@@ -86,7 +86,7 @@ def test_the_wire_carries_zstd_not_the_stream(tmp_path: Path) -> None:
     compressed = wire[len(b"sendstream-compress zstd\n") :]
     assert zstandard.ZstdDecompressor().decompressobj().decompress(compressed) == STREAM
     assert len(wire) < len(STREAM) / 5, len(wire)
-    assert f"({size(len(compressed))} on the wire)" in sent.stderr.decode(), sent.stderr
+    assert f"({size(len(compressed))}, {len(compressed):,} bytes on the wire)" in sent.stderr.decode(), sent.stderr
 
 
 # the receiver's side, without I/O

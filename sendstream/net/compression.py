@@ -74,13 +74,13 @@ class Tally:
     refused: bool = False  # a receiver answered ``none``
 
     def note(self) -> str:
-        """E.g. ``zstd:3 3.41:1 (312 MiB on the wire)``."""
+        """E.g. ``zstd:3 3.41:1 (312 MiB, 327,155,712 bytes on the wire)``."""
         from .progress import size
 
         if self.refused:
             return "not compressed: the receiver takes no zstd"
         ratio = f"{self.raw / self.wire:.2f}:1" if self.wire else "-"
-        return f"zstd:{self.level} {ratio} ({size(self.wire)} on the wire)"
+        return f"zstd:{self.level} {ratio} ({size(self.wire)}, {self.wire:,} bytes on the wire)"
 
 
 class Compressor:

@@ -148,7 +148,7 @@ class Summary:
     reconnects: int = 0
     resent: int = 0
     skipped: int = 0  # resumed after a restart: the bytes before this offset were not sent
-    compression: str = ""  # e.g. ``zstd:3 3.41:1 (312 MiB on the wire)``
+    compression: str = ""  # e.g. ``zstd:3 3.41:1 (312 MiB, 327,155,712 bytes on the wire)``
 
     def line(self, verb: str, *, verbose: bool = False) -> str:
         """One line in the progress line's units; the TLS path's note on kTLS only when ``verbose``."""
