@@ -10,13 +10,18 @@ import socket
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.btrfs import need_root_btrfs
+from support.loopfs import btrfs_loop
 from support.net import CMD, free_port, key_file, wait_listening
 from support.streams import FIXTURES
+from support.trees import differences
 
+from sendstream import Command, encode_command, encode_stream_header
 from sendstream.net.tls import connect_channel, load_key
 from sendstream.ops.identity import stream_identity
 from sendstream.ops.stored import stream_name
@@ -234,3 +239,117 @@ def test_check_config_says_ok(tmp_path: Path) -> None:
     config = write_config(tmp_path, 7000)
     result = subprocess.run([*CMD, "serve", "--config", str(config), "--check-config"], capture_output=True)
     assert result.returncode == 0 and b": ok: 4 clients (alpha, beta, delta, gamma)" in result.stdout, result
+
+
+# into btrfs receive: real btrfs on a loop device
+
+
+def _crafted(*commands: Command) -> bytes:
+    """A version-2 stream of ``commands`` and END, made by the project's encoder (the CRCs are right)."""
+    body = b"".join(encode_command(c, 2) for c in (*commands, Command.build("end")))
+    return encode_stream_header(2) + body
+
+
+def _received_uuid(path: Path) -> str:
+    shown = subprocess.run(["btrfs", "subvolume", "show", str(path)], capture_output=True, text=True, check=True)
+    return next(line.split()[-1] for line in shown.stdout.splitlines() if "Received UUID" in line)
+
+
+@pytest.mark.btrfs
+def test_into_btrfs_receive_each_client_is_confined_to_its_own_subvolumes(tmp_path: Path) -> None:
+    need_root_btrfs()
+    full_uuid = stream_identity(FULL.read_bytes()[:65536])["uuid"]
+    with btrfs_loop("512M") as mnt:
+        for name in ("alpha", "beta", "direct"):
+            (mnt / name).mkdir()
+        port = free_port()
+        (tmp_path / "keys").mkdir()
+        text = f'listen = "127.0.0.1:{port}"\n'
+        for name in ("alpha", "beta"):
+            key_file(tmp_path / "keys" / f"{name}.key")
+            text += f'[clients.{name}]\nkey = "keys/{name}.key"\nreceive = "{mnt / name}"\n'
+        config = tmp_path / "serve.toml"
+        config.write_text(text)
+        evil = uuid.uuid4()
+        attacks = {
+            "clone-from-alpha": _crafted(
+                Command.build("subvol", [("path", b"evil"), ("uuid", evil), ("ctransid", 1)]),
+                Command.build("mkfile", [("path", b"f"), ("ino", 257)]),
+                Command.build(
+                    "clone",
+                    [
+                        ("path", b"f"),
+                        ("file_offset", 0),
+                        ("clone_len", 4096),
+                        ("clone_uuid", uuid.UUID(full_uuid)),
+                        ("clone_ctransid", 7),
+                        ("clone_path", b"file"),
+                        ("clone_offset", 0),
+                    ],
+                ),
+            ),
+            "clone-after-data": _crafted(  # 25 MiB first: btrfs receive has begun the subvolume when the clone comes
+                Command.build("subvol", [("path", b"evil3"), ("uuid", uuid.uuid4()), ("ctransid", 1)]),
+                Command.build("mkfile", [("path", b"f"), ("ino", 257)]),
+                *(
+                    Command.build("write", [("path", b"f"), ("file_offset", i << 16), ("data", bytes(1 << 16))])
+                    for i in range(400)
+                ),
+                Command.build(
+                    "clone",
+                    [
+                        ("path", b"f"),
+                        ("file_offset", 0),
+                        ("clone_len", 4096),
+                        ("clone_uuid", uuid.UUID(full_uuid)),
+                        ("clone_ctransid", 7),
+                        ("clone_path", b"file"),
+                        ("clone_offset", 0),
+                    ],
+                ),
+            ),
+            "alpha-as-parent": _crafted(
+                Command.build(
+                    "snapshot",
+                    [
+                        ("path", b"evil2"),
+                        ("uuid", uuid.uuid4()),
+                        ("ctransid", 9),
+                        ("clone_uuid", uuid.UUID(full_uuid)),
+                        ("clone_ctransid", 7),
+                    ],
+                )
+            ),
+            "leaves-the-place": _crafted(
+                Command.build("subvol", [("path", b"../outside"), ("uuid", uuid.uuid4()), ("ctransid", 1)])
+            ),
+        }
+        files = {}
+        for name, data in attacks.items():
+            files[name] = tmp_path / f"{name}.stream"
+            files[name].write_bytes(data)
+        with service(config, port) as proc:
+            results = [send(port, tmp_path, "alpha", FULL), send(port, tmp_path, "alpha", INCR)]
+            refused = {name: send(port, tmp_path, "beta", path) for name, path in files.items()}
+        for stream in (FULL, INCR):
+            subprocess.run(
+                ["btrfs", "receive", "-f", str(stream), str(mnt / "direct")], capture_output=True, check=True
+            )
+        assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+        for sub in ("rich_base", "rich_incr"):
+            assert differences(mnt / "direct" / sub, mnt / "alpha" / sub) == []
+            assert _received_uuid(mnt / "alpha" / sub) == _received_uuid(mnt / "direct" / sub)
+        theirs = f"subvolume {full_uuid}, which is not this client's [attribute clone_uuid]"
+        why = {
+            "clone-from-alpha": f"clone names {theirs}",
+            "clone-after-data": f"clone names {theirs}",
+            "alpha-as-parent": f"snapshot names {theirs}",
+            "leaves-the-place": "subvol names its subvolume b'../outside', not one name in this client's place",
+        }
+        for name, result in refused.items():
+            assert result.returncode == 2 and why[name].encode() in result.stderr, (name, result.stderr)
+        assert os.listdir(mnt / "beta") == []  # nothing of any of them is left
+        assert not (mnt / "outside").exists()
+        log = events(proc)
+        assert sum(e["event"] == "received" for e in log) == 2
+        assert any(e["event"] == "btrfs-receive" and e["line"] == "At subvol evil3" for e in log)  # begun, then gone

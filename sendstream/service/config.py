@@ -13,6 +13,10 @@
     key = "keys/web1.key"           # relative to this file's directory
     store = "/srv/streams/web1"     # stream files, each with a JSON manifest
 
+    [clients.db1]
+    key = "keys/db1.key"
+    receive = "/mnt/backup/db1"     # btrfs receive into this directory (on btrfs)
+
 Where a client's streams land is decided here, from the identity the TLS
 handshake proved, never from anything the client sends. Names are checked
 (letters, digits, ``.``, ``_``, ``-``; no leading dot), and no client's
@@ -26,6 +30,7 @@ import dataclasses
 import itertools
 import os
 import re
+import subprocess
 import tomllib
 from collections.abc import Callable
 from typing import Any
@@ -39,7 +44,8 @@ IDENTITY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _INTEGERS = {"max_transfers": (1, 4096, 16), "max_per_client": (1, 4096, 2)}
 _SECONDS = {"handshake_timeout": (0.1, 3600.0, 30.0), "idle_timeout": (0.0, 86400.0, 600.0)}
 _TOP = {"listen", "tls", "clients", *_INTEGERS, *_SECONDS}
-_CLIENT = {"key", "store"}
+_CLIENT = {"key", "store", "receive"}
+_BTRFS = "btrfs"
 
 
 class ConfigError(UsageError):
@@ -52,11 +58,13 @@ class ConfigError(UsageError):
 
 @dataclasses.dataclass(frozen=True)
 class Client:
-    """A client: its identity, its key, and the directory its streams are stored in."""
+    """A client: its identity, its key, and its place: the directory its streams are stored in
+    (``receive`` False) or received into by ``btrfs receive`` (``receive`` True)."""
 
     identity: str
     key: bytes = dataclasses.field(repr=False)
-    store: str
+    place: str
+    receive: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +187,7 @@ def _clients(table: Any, lines: _Lines, base: str, warn: Callable[[str], object]
                 "not starting with '.' or '-' (it names the client's PSK identity and its place)",
             )
         if not isinstance(settings, dict):
-            raise ConfigError(where, f"clients.{name}: expected a table with key and store")
+            raise ConfigError(where, f"clients.{name}: expected a table with key, and store or receive")
         for key in settings:
             if key not in _CLIENT:
                 raise ConfigError(
@@ -191,22 +199,38 @@ def _clients(table: Any, lines: _Lines, base: str, warn: Callable[[str], object]
             key = load_key(key_path, warn)
         except KeyFileError as exc:
             raise ConfigError(lines.at(("clients", name), "key"), f"clients.{name}.key: {exc}") from None
-        store = os.path.realpath(os.path.join(base, _text(settings, "store", lines, name)))
-        if not os.path.isdir(store):
+        if ("store" in settings) == ("receive" in settings):
             raise ConfigError(
-                lines.at(("clients", name), "store"), f"clients.{name}.store: {store!r} is not a directory"
+                lines.at(("clients", name)),
+                f"clients.{name}: expected one of store (stream files) or receive "
+                "(btrfs receive), not both nor neither",
             )
-        clients[name] = Client(name, key, store)
+        kind = "receive" if "receive" in settings else "store"
+        place = os.path.realpath(os.path.join(base, _text(settings, kind, lines, name)))
+        if not os.path.isdir(place):
+            raise ConfigError(lines.at(("clients", name), kind), f"clients.{name}.{kind}: {place!r} is not a directory")
+        if kind == "receive" and (fs := _file_system(place)) != _BTRFS:
+            raise ConfigError(
+                lines.at(("clients", name), kind), f"clients.{name}.receive: {place!r} is on {fs}, not on btrfs"
+            )
+        clients[name] = Client(name, key, place, kind == "receive")
     _no_overlap(clients, lines)
     return clients
+
+
+def _file_system(path: str) -> str:
+    """The type of the file system ``path`` is on, as ``stat -f`` names it (``btrfs``)."""
+    found = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, text=True, check=False)
+    return found.stdout.strip() or "an unknown file system"
 
 
 def _no_overlap(clients: dict[str, Client], lines: _Lines) -> None:
     """No client's place is another's, or inside it: one could read or overwrite the other's streams."""
     for a, b in itertools.permutations(clients.values(), 2):
-        if b.store == a.store or b.store.startswith(a.store.rstrip("/") + "/"):
+        if b.place == a.place or b.place.startswith(a.place.rstrip("/") + "/"):
+            kind_a, kind_b = ("receive" if c.receive else "store" for c in (a, b))
             raise ConfigError(
-                lines.at(("clients", b.identity), "store"),
-                f"clients.{b.identity}.store {b.store!r} is inside clients.{a.identity}.store {a.store!r}: "
+                lines.at(("clients", b.identity), kind_b),
+                f"clients.{b.identity}.{kind_b} {b.place!r} is inside clients.{a.identity}.{kind_a} {a.place!r}: "
                 "each client needs a place of its own",
             )

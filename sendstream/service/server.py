@@ -18,8 +18,11 @@ import datetime
 import hashlib
 import json
 import os
+import shlex
+import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -33,12 +36,14 @@ from ..net.receiving import receive_resumable
 from ..net.session.connection import failure_status, tell
 from ..net.session.protocol import PREFIX_SIZE
 from ..net.session.receiver import Opening, SessionReceiver, open_connection
+from ..net.sinks import ChildSink
 from ..net.tls import accept_channel
 from ..net.tls.keys import fingerprint
 from ..ops.identity import stream_identity
 from ..ops.ledger import Ledger
 from ..ops.stored import manifest, stream_name
 from .config import Client, Config
+from .confine import UuidGuard, subvolumes
 
 DRAIN_SECONDS = 30.0  # after SIGTERM, how long running transfers may take to end before they are cut
 
@@ -80,12 +85,14 @@ class Service:
         self._lock = threading.Lock()
         self._active: dict[str, set[SessionReceiver]] = {name: set() for name in config.clients}
         self._threads: set[threading.Thread] = set()
+        self._claims: dict[str, str] = {}  # what a running transfer into btrfs makes: subvolume UUIDs and paths
 
     def run(self, stop: threading.Event, ready: Callable[[], object] | None = None) -> None:
         """Accept and serve until ``stop``; then let running transfers end (at most :data:`DRAIN_SECONDS`)."""
         config = self.config
         for client in config.clients.values():
-            self.log("client", client=client.identity, key=fingerprint(client.key), store=client.store)
+            kind = "receive" if client.receive else "store"
+            self.log("client", client=client.identity, key=fingerprint(client.key), **{kind: client.place})
         with listen(config.listen.host, config.listen.port) as server:
             listener = Listener(
                 server,
@@ -151,9 +158,28 @@ class Service:
             with self._lock:
                 self._active[client.identity].add(session)
             self.log("transfer", **fields, compressed=opening.channel.compressed)
-            name, size = store(session, client, opening.peer)
+            if client.receive:
+                claims: list[str] = []
+                try:
+                    child = {"say": lambda line: self.log("btrfs-receive", **fields, line=line)}
+                    name, size = receive_into(
+                        session, client, lambda *what: self._claim(client, claims, *what), **child
+                    )
+                finally:
+                    with self._lock:
+                        for claim in claims:
+                            del self._claims[claim]
+            else:
+                name, size = store(session, client, opening.peer)
             session.answer(0, "ok")
-            self.log("stored", **fields, stream=name, bytes=size, seconds=round(time.monotonic() - began, 3))
+            done = {"subvolumes": name} if client.receive else {"stream": name}
+            self.log(
+                "received" if client.receive else "stored",
+                **fields,
+                **done,
+                bytes=size,
+                seconds=round(time.monotonic() - began, 3),
+            )
         except Exception as exc:
             code, message = failure_status(exc)
             if session is not None:
@@ -169,6 +195,19 @@ class Service:
                     self._active[client.identity].discard(session)
             with self._lock:
                 self._threads.discard(threading.current_thread())
+
+    def _claim(self, client: Client, claims: list[str], subvolume: uuid.UUID, name: str) -> None:
+        """Hold ``subvolume`` (everywhere) and ``name`` (in the client's place) for one transfer of ``client``."""
+        wanted = [f"uuid {subvolume}", f"path {os.path.join(client.place, name)}"]
+        with self._lock:
+            for claim in wanted:
+                if claim in self._claims:
+                    raise e.SessionError(f"refused: another transfer is receiving {claim.split(' ', 1)[1]} now")
+            if os.path.lexists(os.path.join(client.place, name)):
+                raise e.SessionError(f"refused: {name!r} is already in {client.identity}'s place")
+            for claim in wanted:
+                self._claims[claim] = client.identity
+                claims.append(claim)
 
     def _drain(self) -> None:
         deadline = time.monotonic() + DRAIN_SECONDS
@@ -187,12 +226,12 @@ class Service:
 
 def store(session: SessionReceiver, client: Client, peer: str) -> tuple[str, int]:
     """Check and write the stream of ``session`` into ``client``'s place; its name and size once stored."""
-    place = OutputDirectory(os.path.join(client.store, "incoming.stream"))
+    place = OutputDirectory(os.path.join(client.place, "incoming.stream"))
     with place:
         hidden, fd = place.create_temporary(0o600)
         try:
             digest, prefix = hashlib.sha256(), bytearray()  # the prefix names the stream
-            with OutputFile(fd, os.path.join(client.store, hidden), closefd=False) as out:
+            with OutputFile(fd, os.path.join(client.place, hidden), closefd=False) as out:
 
                 def write(data: Any) -> None:
                     out.write(data)
@@ -217,7 +256,7 @@ def store(session: SessionReceiver, client: Client, peer: str) -> tuple[str, int
             place.replace(hidden, name, fd)
             note, note_fd = place.create_temporary(0o600)
             try:
-                with OutputFile(note_fd, os.path.join(client.store, note)) as f:
+                with OutputFile(note_fd, os.path.join(client.place, note)) as f:
                     f.write(record)
                     f.fsync()
                 place.replace(note, name + ".json")
@@ -231,3 +270,47 @@ def store(session: SessionReceiver, client: Client, peer: str) -> tuple[str, int
             raise
         finally:
             os.close(fd)
+
+
+def receive_into(
+    session: SessionReceiver,
+    client: Client,
+    claim: Callable[[uuid.UUID, str], object],
+    say: Callable[[str], object],
+) -> tuple[str, int]:
+    """Check the stream of ``session`` and give it to ``btrfs receive`` in ``client``'s place, its UUIDs
+    confined (:class:`~sendstream.service.confine.UuidGuard`); the subvolumes made, and the size. What
+    ``btrfs receive`` writes on stderr goes to ``say``, line by line.
+
+    On any failure the subvolumes this transfer began are deleted again.
+    """
+    own, foreign = subvolumes(client.place)
+    made: list[str] = []
+
+    def claimed(subvolume: uuid.UUID, name: str) -> None:
+        claim(subvolume, name)
+        made.append(name)
+
+    guard = UuidGuard(own, foreign, claimed)
+    command = shlex.join(["btrfs", "receive", "--chroot", client.place])
+    try:
+        with ChildSink(command, stderr=say) as child:
+
+            def write(data: Any) -> None:
+                guard(data)
+                child.write(data)
+
+            session.flush = child.flush
+            summary = receive_resumable(session, write, Progress("received", mode=NONE))
+    except BaseException:
+        for name in made:
+            _delete_subvolume(os.path.join(client.place, name))
+        raise
+    return ", ".join(made), summary.bytes
+
+
+def _delete_subvolume(path: str) -> None:
+    """Delete the subvolume at ``path`` that a failed transfer began (nothing when there is none)."""
+    with contextlib.suppress(OSError):
+        if os.lstat(path).st_ino == 256:
+            subprocess.run(["btrfs", "-q", "subvolume", "delete", path], capture_output=True, check=False)
