@@ -51,6 +51,8 @@ from .options import (
 from .terminal import Group, error, logger, run_command, warn, warner
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .net.session.receiver import SessionReceiver
     from .net.sinks import Sink
 
@@ -219,6 +221,10 @@ def repair(source: str, target: str, keep_last: bool, quiet: bool, max_command_s
 @tls_options()
 @sender_options
 @send_options
+@click.option(
+    "--list", "listing", is_flag=True, help="Send nothing: list the snapshots a sendstream serve holds for us."
+)
+@json_option("snapshot (with --list)")
 @progress_options
 @verbose_option("Say which TLS path each direction uses (with why kTLS is off), and every reconnect.")
 def send(
@@ -229,6 +235,8 @@ def send(
     token: str | None,
     no_status: bool,
     read_ahead: int,
+    listing: bool,
+    as_json: bool,
     show: ProgressOptions,
     verbose: bool,
 ) -> None:
@@ -243,9 +251,15 @@ def send(
     same stream again, e.g. a new `btrfs send` of the same snapshot: it is
     checked against the token up to the token's offset, and only the rest
     is sent.
+
+    With --list nothing is sent: a `sendstream serve` says which snapshots
+    it holds for this client (its own only), to pick the next parent from.
     """
     from .net.sending import send as send_stream
 
+    if listing:
+        _list_held(target, tls, sending, as_json, logger(verbose))
+        return
     if no_status and (sending.resumable or token):
         raise e.UsageError("--no-status is for a receiver that is not sendstream; a session needs sendstream")
     key = tls.key()
@@ -487,6 +501,21 @@ def serve(config_path: str, check_config: bool, log_format: str) -> None:
     signal.signal(signal.SIGTERM, stopping)
     signal.signal(signal.SIGINT, stopping)
     Service(config, EventLog(sys.stderr, log_format)).run(stop)
+
+
+def _list_held(
+    target: str, tls: TlsOptions, sending: SenderOptions, as_json: bool, log: Callable[[str], object]
+) -> None:
+    import json
+
+    from .net.sending import list_held
+
+    for s in list_held(sending.connector(target, tls, tls.key(), log)):
+        if as_json:
+            click.echo(json.dumps(s, sort_keys=True))
+            continue
+        parent = f"from {s.get('parent_uuid')}.{s.get('parent_ctransid')}" if s.get("parent_uuid") else "full"
+        click.echo(f"{s.get('uuid')}.{s.get('ctransid')} {parent} {s.get('name')}")
 
 
 cli.add_command(key)

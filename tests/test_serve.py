@@ -82,7 +82,7 @@ def name_of(stream: Path) -> str:
 
 def test_many_clients_at_once_while_others_attack(tmp_path: Path) -> None:
     port = free_port()
-    config = write_config(tmp_path, port)
+    config = write_config(tmp_path, port, clients=(*CLIENTS, "idle"))
     with service(config, port) as proc:
         attackers = [
             threading.Thread(target=_silent, args=(port, 3.0)),
@@ -109,6 +109,8 @@ def test_many_clients_at_once_while_others_attack(tmp_path: Path) -> None:
         for t in threads + attackers:
             t.join(120)
         assert proc.poll() is None, "a client ended the service"
+        listed = [send(port, tmp_path, client, FULL, "--list", "--json") for client in CLIENTS]
+        idle = send(port, tmp_path, "idle", FULL, "--list", "--json")
     assert all(r.returncode == 0 for r in results.values()), [r.stderr for r in results.values()]
     assert wrong.returncode == 6 and b"wrong key or identity" in wrong.stderr, wrong.stderr
     for client in CLIENTS:
@@ -118,6 +120,12 @@ def test_many_clients_at_once_while_others_attack(tmp_path: Path) -> None:
         note = json.loads(held[name_of(INCR) + ".json"])
         assert note["client"] == client and note["size"] == INCR.stat().st_size and note["commands"] > 0
         assert note["stream"]["parent_uuid"] == stream_identity(FULL.read_bytes()[:65536])["uuid"]
+    assert idle.returncode == 0 and idle.stdout == b""  # each client's own only
+    for result in listed:
+        snapshots = [json.loads(line) for line in result.stdout.splitlines()]
+        assert result.returncode == 0 and sorted(s["name"] for s in snapshots) == sorted([name_of(FULL), name_of(INCR)])
+        incr = next(s for s in snapshots if s["name"] == name_of(INCR))
+        assert incr["parent_uuid"] == stream_identity(FULL.read_bytes())["uuid"] and incr["parent_ctransid"] == 7
     log = events(proc)
     assert proc.returncode == 0
     assert sum(e["event"] == "stored" for e in log) == len(jobs)
@@ -335,6 +343,7 @@ def test_into_btrfs_receive_each_client_is_confined_to_its_own_subvolumes(tmp_pa
         with service(config, port) as proc:
             results = [send(port, tmp_path, "alpha", FULL), send(port, tmp_path, "alpha", INCR)]
             refused = {name: send(port, tmp_path, "beta", path) for name, path in files.items()}
+            alpha, beta = (send(port, tmp_path, c, FULL, "--list").stdout.decode().splitlines() for c in CLIENTS[:2])
         for stream in (FULL, INCR):
             subprocess.run(
                 ["btrfs", "receive", "-f", str(stream), str(mnt / "direct")], capture_output=True, check=True
@@ -354,6 +363,30 @@ def test_into_btrfs_receive_each_client_is_confined_to_its_own_subvolumes(tmp_pa
             assert result.returncode == 2 and why[name].encode() in result.stderr, (name, result.stderr)
         assert os.listdir(mnt / "beta") == []  # nothing of any of them is left
         assert not (mnt / "outside").exists()
+        full, incr = f"{full_uuid}.7", f"{stream_identity(INCR.read_bytes())['uuid']}.9"
+        assert alpha == [f"{full} full rich_base", f"{incr} from {full} rich_incr"]
+        assert beta == []
         log = events(proc)
         assert sum(e["event"] == "received" for e in log) == 2
         assert any(e["event"] == "btrfs-receive" and e["line"] == "At subvol evil3" for e in log)  # begun, then gone
+
+
+def test_a_plain_receiver_has_no_list_to_give(tmp_path: Path) -> None:
+    port = free_port()
+    key = key_file(tmp_path / "k")
+    recv = subprocess.Popen(
+        [*CMD, "receive", "--listen", f"127.0.0.1:{port}", "-o", str(tmp_path / "out"), "--key", str(key)],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_listening(port)
+        argv = [*CMD, "send", "--to", f"127.0.0.1:{port}", "--key", str(key), "--list"]
+        listed = subprocess.run(argv, capture_output=True)
+    finally:
+        recv.kill()
+        recv.wait()
+    assert listed.returncode == 2, listed.stderr
+    assert listed.stderr.decode().strip() == (
+        "sendstream: error: the receiver refused: this receiver keeps no snapshots to list: "
+        "--list asks a sendstream serve"
+    )

@@ -63,7 +63,7 @@ def accept_sender(
     expected = resume.stream if resume else None
     try:
         while True:
-            opening = listener.first((lambda o: admit(o, expected)) if expected is not None else None)
+            opening = listener.first(lambda o: admit(o, expected))
             try:
                 session = SessionReceiver(
                     opening,

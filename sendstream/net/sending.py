@@ -235,6 +235,30 @@ def send_resumable(
     return summary
 
 
+def list_held(connect: Callable[[], Channel]) -> list[dict[str, Any]]:
+    """Ask a ``sendstream serve`` which snapshots it holds for us (the identity our key proves)."""
+    from .session.connection import BUFFER_SIZE, Inbox
+    from .session.protocol import Listed, SenderConnection, Status
+
+    snapshots: list[dict[str, Any]] = []
+    with connect() as channel:
+        channel.send_all(SenderConnection.list_request())
+        inbox = Inbox(channel, SenderConnection(), BUFFER_SIZE)
+        while True:
+            try:
+                event = inbox.next_event()
+            except EOFError:
+                raise e.RemoteError("the receiver closed without a list: is it sendstream serve?", e.EXIT_IO) from None
+            if isinstance(event, Listed):
+                snapshots.append(event.snapshot)
+            elif isinstance(event, Status):
+                if event.code:
+                    raise e.RemoteError(f"the receiver refused: {event.message.removeprefix('refused: ')}", event.code)
+                return snapshots
+            else:
+                raise e.SessionError(f"expected a snapshot or the status, got {type(event).__name__}")
+
+
 def connector(dialing: Dialing, log: Callable[[str], object] | None = None) -> Callable[[], Channel]:
     """A new channel (:meth:`~sendstream.net.address.Dialing.open`) on every call; the first is described to ``log``."""
     shown = False

@@ -34,7 +34,7 @@ from ..net.listener import Listener
 from ..net.progress import NONE, Progress
 from ..net.receiving import receive_resumable
 from ..net.session.connection import failure_status, tell
-from ..net.session.protocol import PREFIX_SIZE
+from ..net.session.protocol import PREFIX_SIZE, listed_line, status_line
 from ..net.session.receiver import Opening, SessionReceiver, open_connection
 from ..net.sinks import ChildSink
 from ..net.tls import accept_channel
@@ -44,6 +44,7 @@ from ..ops.ledger import Ledger
 from ..ops.stored import manifest, stream_name
 from .config import Client, Config
 from .confine import UuidGuard, subvolumes
+from .held import held
 
 DRAIN_SECONDS = 30.0  # after SIGTERM, how long running transfers may take to end before they are cut
 
@@ -131,6 +132,9 @@ class Service:
         if client is None:  # the key lookup knows only configured clients: never here
             opening.close()
             return
+        if opening.listing:
+            self._run(self._list, opening, client)
+            return
         with self._lock:
             total = sum(len(s) for s in self._active.values())
             busy = (
@@ -145,9 +149,31 @@ class Service:
             tell(opening.channel, e.EXIT_IO, f"busy: {busy}; try again later")
             opening.close()
             return
-        thread = started(self._transfer, opening, client)
+        self._run(self._transfer, opening, client)
+
+    def _run(self, work: Callable[[Opening, Client], None], opening: Opening, client: Client) -> None:
+        def run() -> None:
+            try:
+                work(opening, client)
+            finally:
+                with self._lock:
+                    self._threads.discard(threading.current_thread())
+
         with self._lock:
-            self._threads.add(thread)
+            self._threads.add(started(run))
+
+    def _list(self, opening: Opening, client: Client) -> None:
+        """Answer a client's :class:`~sendstream.net.session.protocol.ListRequest`: its snapshots, its own only."""
+        try:
+            snapshots = held(client)
+            answer = b"".join(listed_line(s) for s in snapshots)
+            opening.channel.send_all(answer + status_line(0, f"{len(snapshots)} snapshots"))
+            self.log("listed", client=client.identity, peer=opening.peer, snapshots=len(snapshots))
+        except Exception as exc:
+            self.log("failed", client=client.identity, peer=opening.peer, reason=f"listing: {exc}")
+            tell(opening.channel, *failure_status(exc))
+        finally:
+            opening.close()
 
     def _transfer(self, opening: Opening, client: Client) -> None:
         began = time.monotonic()
@@ -193,8 +219,6 @@ class Service:
                 session.close()
                 with self._lock:
                     self._active[client.identity].discard(session)
-            with self._lock:
-                self._threads.discard(threading.current_thread())
 
     def _claim(self, client: Client, claims: list[str], subvolume: uuid.UUID, name: str) -> None:
         """Hold ``subvolume`` (everywhere) and ``name`` (in the client's place) for one transfer of ``client``."""

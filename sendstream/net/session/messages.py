@@ -57,6 +57,16 @@ def parse_answer(line: bytes) -> tuple[int, int]:
     return verified, resume
 
 
+def parse_listed(data: bytes) -> dict[str, Any]:
+    """One snapshot of the service's list: a JSON object of names, UUIDs, numbers and times."""
+    snapshot = load_json(data.rstrip(b"\n"), "a snapshot of the list")
+    if not isinstance(snapshot, dict) or not all(
+        isinstance(v, (str, int, type(None))) and not isinstance(v, bool) for v in snapshot.values()
+    ):
+        raise SessionError(f"a snapshot of the list must be a flat JSON object, not {short_json(snapshot)}")
+    return snapshot
+
+
 def parse_ack(line: bytes) -> int:
     """``ack V``: the receiver's verified offset."""
     digits = line[4:].rstrip(b"\n")

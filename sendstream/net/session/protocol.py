@@ -32,6 +32,10 @@ receiver -> sender, lines of at most :data:`~sendstream.net.session.messages.MAX
 A receiver that reads ``btrfs-stream`` first takes a raw stream (an older
 sender, ``openssl s_client``, ``socat``): no session, every byte is stream data.
 
+Instead of either, a client of ``sendstream serve`` may ask what the service
+holds for it: ``sendstream-list\n``, and nothing more; the answer is
+``sendstream-list {JSON}\n`` lines, one per snapshot, then the status.
+
 Before either, a sender may offer compression: ``sendstream-compress zstd\n``,
 and nothing more until the receiver answers with the method it takes
 (``sendstream-compress zstd\n`` or ``... none\n``). After ``zstd`` the
@@ -59,15 +63,27 @@ from ...errors import SessionError
 from ...format.layout import STREAM_MAGIC
 from ...ops.identity import printable
 from ..compression import OFFER, offer_line, parse_line
-from .messages import MAGIC, MAX_LINE, STATUS_PREFIX, VERSION, parse_ack, parse_answer, parse_hello, parse_status
+from .messages import (
+    MAGIC,
+    MAX_LINE,
+    STATUS_PREFIX,
+    VERSION,
+    parse_ack,
+    parse_answer,
+    parse_hello,
+    parse_listed,
+    parse_status,
+)
 
 PREFIX_SIZE = 64 << 10  # the hello's identity covers at most this many first bytes of the stream
 MAX_FRAME = 16 << 20
 MAX_REASON = 4096  # of an ``X`` frame's reason, what is read (the sender sends no more)
 RAW_MAGIC = STREAM_MAGIC
 HELLO_START = MAGIC + b" "
+LIST_REQUEST = b"sendstream-list\n"
+LIST_PREFIX = b"sendstream-list "
 RAW_DATA = 1 << 62  # how much of a raw stream is data: all of it
-FIRST_WORDS = max(len(RAW_MAGIC), len(HELLO_START), len(OFFER))  # what tells them apart
+FIRST_WORDS = max(len(RAW_MAGIC), len(HELLO_START), len(OFFER), len(LIST_REQUEST))  # what tells them apart
 _FRAME = struct.Struct(">cI")
 _END = struct.Struct(">cQ")
 
@@ -85,6 +101,11 @@ class Hello:
 @dataclass(frozen=True)
 class RawStream:
     """The peer sent the header of a raw stream: every byte from here on, the header first, comes as :class:`Data`."""
+
+
+@dataclass(frozen=True)
+class ListRequest:
+    """The client asks which snapshots the service holds for it (and says nothing more)."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +150,13 @@ class Answer:
 
 
 @dataclass(frozen=True)
+class Listed:
+    """One snapshot the service holds for the client (the answer to a :class:`ListRequest`)."""
+
+    snapshot: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Ack:
     """The receiver verified the stream up to ``verified``."""
 
@@ -143,7 +171,7 @@ class Status:
     message: str
 
 
-Event = Hello | RawStream | CompressOffer | Data | End | Abort | Bye | Answer | Ack | Status
+Event = Hello | RawStream | ListRequest | CompressOffer | Data | End | Abort | Bye | Answer | Listed | Ack | Status
 
 
 def json_line(obj: Any) -> bytes:
@@ -220,7 +248,8 @@ class ReceiverConnection(_Machine):
     """
 
     def __init__(self) -> None:
-        # first, offer (its line), offered (until answered), hello, frames, raw, closing (after our status), done (B)
+        # first, offer (its line), offered (until answered), listing, hello, frames, raw, closing (after our
+        # status), done (after B)
         super().__init__("first")
         self._answered = False  # a compression offer was answered: no second one
         self.offset = 0
@@ -264,6 +293,8 @@ class ReceiverConnection(_Machine):
             return pos
         if self._state == "offered":
             raise SessionError("the sender sent more before its compression offer was answered")
+        if self._state == "listing":
+            raise SessionError("the client sent more after asking for its list")
         if self._state == "hello":
             line, pos = self._input.line(data, pos)
             if line is not None:
@@ -276,7 +307,13 @@ class ReceiverConnection(_Machine):
         kept = self._input.kept
         n = min(FIRST_WORDS - len(kept), len(data) - pos)
         kept += data[pos : pos + n]
-        starts = (RAW_MAGIC, HELLO_START) if self._answered else (RAW_MAGIC, HELLO_START, OFFER)
+        starts = (RAW_MAGIC, HELLO_START, LIST_REQUEST) + (() if self._answered else (OFFER,))
+        if kept.startswith(LIST_REQUEST):
+            self._state = "listing"
+            events.append(ListRequest())
+            extra = len(kept) - len(LIST_REQUEST)  # of this call's bytes: they break the protocol next
+            kept.clear()
+            return pos + n - extra
         if kept.startswith(RAW_MAGIC):
             self._state = "raw"
             events += [RawStream(), Data(memoryview(bytes(kept)))]
@@ -367,6 +404,8 @@ class SenderConnection(_Machine):
         if line.startswith(STATUS_PREFIX):
             self._state = "done"
             return Status(*parse_status(line))
+        if line.startswith(LIST_PREFIX) and self._state == "answer":
+            return Listed(parse_listed(line[len(LIST_PREFIX) :]))
         if self._state == "answer":
             self._state = "lines"
             return Answer(*parse_answer(line))
@@ -403,3 +442,12 @@ class SenderConnection(_Machine):
     @staticmethod
     def bye() -> bytes:
         return b"B"
+
+    @staticmethod
+    def list_request() -> bytes:
+        return LIST_REQUEST
+
+
+def listed_line(snapshot: dict[str, Any]) -> bytes:
+    """``sendstream-list {JSON}``: one snapshot the service holds."""
+    return LIST_PREFIX + json.dumps(snapshot, sort_keys=True, separators=(",", ":")).encode() + b"\n"

@@ -32,7 +32,7 @@ from ..compression import METHOD
 from ..listener import Listener, describe_peer
 from ..tls import Channel
 from .connection import BUFFER_SIZE, Inbox, _close, _kill, _quiet_close, tell, transient
-from .protocol import Abort, Bye, CompressOffer, Data, End, Hello, ReceiverConnection
+from .protocol import Abort, Bye, CompressOffer, Data, End, Hello, ListRequest, ReceiverConnection
 
 ACK_BYTES = 4 << 20
 ACK_SECONDS = 0.5
@@ -49,6 +49,7 @@ class Opening:
     inbox: Inbox[ReceiverConnection]
     identity: dict[str, Any] | None  # the hello's stream; None: a raw stream (``btrfs-stream`` came first)
     peer: str = ""  # HOST:PORT
+    listing: bool = False  # the client asked for its list of snapshots (:class:`.protocol.ListRequest`)
 
     def close(self) -> None:
         _close(self.channel)
@@ -79,7 +80,7 @@ def open_connection(
     try:
         channel.set_deadline(deadline)
         inbox = Inbox(channel, ReceiverConnection(), OPENING_BUFFER)
-        identity = _first_words(inbox, timeout)
+        identity, listing = _first_words(inbox, timeout)
     except BaseException as exc:
         if isinstance(exc, SessionError):
             tell(channel, exc.exit_code, f"refused: {exc}")
@@ -87,11 +88,12 @@ def open_connection(
         raise
     channel.set_deadline(None)
     channel.settimeout(idle_timeout)
-    return Opening(channel, inbox, identity, peer)
+    return Opening(channel, inbox, identity, peer, listing)
 
 
-def _first_words(inbox: Inbox[ReceiverConnection], timeout: float) -> dict[str, Any] | None:
-    """The hello's stream identity, or None for a raw stream; a compression offer first is taken."""
+def _first_words(inbox: Inbox[ReceiverConnection], timeout: float) -> tuple[dict[str, Any] | None, bool]:
+    """The hello's stream identity (None for a raw stream or a list request), and whether the client asked
+    for its list; a compression offer first is taken."""
     try:
         event = inbox.next_event()
         if isinstance(event, CompressOffer):
@@ -104,14 +106,17 @@ def _first_words(inbox: Inbox[ReceiverConnection], timeout: float) -> dict[str, 
         raise SessionError("the connection ended before a session hello or a btrfs stream") from None
     except TimeoutError:
         raise SessionError(f"no session hello or btrfs stream within {timeout:g} s of connecting") from None
-    return event.stream if isinstance(event, Hello) else None
+    return (event.stream if isinstance(event, Hello) else None), isinstance(event, ListRequest)
 
 
-def admit(opening: Opening, identity: dict[str, Any]) -> None:
-    """Refuse an opening that is not of stream ``identity``: tell its sender why, raise :class:`SessionError`."""
-    if opening.identity == identity:
+def admit(opening: Opening, identity: dict[str, Any] | None) -> None:
+    """Refuse an opening that is not a stream, or not of stream ``identity`` (when given): tell its sender
+    why, raise :class:`SessionError`."""
+    if opening.listing:
+        why = "this receiver keeps no snapshots to list: --list asks a sendstream serve"
+    elif identity is None or opening.identity == identity:
         return
-    if opening.identity is None:
+    elif opening.identity is None:
         why = "a plain stream cannot join (or resume) a session: this receiver expects a session of its stream"
     else:
         why = f"a sender of another stream connected: {describe(opening.identity)}, not {describe(identity)}"
