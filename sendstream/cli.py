@@ -468,7 +468,13 @@ def stats(stream: str, **options: Any) -> None:
     show_default=True,
     help="One line per event on stderr: key=value text, or JSON lines.",
 )
-def serve(config_path: str, check_config: bool, log_format: str) -> None:
+@click.option(
+    "--metrics",
+    metavar="HOST:PORT",
+    help="Answer Prometheus scrapes on HOST:PORT (needs prometheus_client): transfers, bytes, active ones, "
+    "the last success of each subvolume.",
+)
+def serve(config_path: str, check_config: bool, log_format: str, metrics: str | None) -> None:
     """Receive streams from many clients at once, each authenticated by its key
     and stored in its own place, until SIGTERM or Ctrl-C.
 
@@ -500,7 +506,20 @@ def serve(config_path: str, check_config: bool, log_format: str) -> None:
 
     signal.signal(signal.SIGTERM, stopping)
     signal.signal(signal.SIGINT, stopping)
-    Service(config, EventLog(sys.stderr, log_format)).run(stop)
+    log = EventLog(sys.stderr, log_format)
+    counted = None
+    if metrics is not None:
+        from .net.address import Address
+        from .service.metrics import Metrics
+
+        counted = Metrics()
+        address = Address.parse(metrics, listen=True)
+        log("metrics", address=f"{address.host}:{counted.serve(address)}")
+    try:
+        Service(config, log, counted).run(stop)
+    finally:
+        if counted is not None:
+            counted.close()
 
 
 def _list_held(

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,8 +45,9 @@ def write_config(tmp_path: Path, port: int, extra: str = "", clients: tuple[str,
 
 
 @contextlib.contextmanager
-def service(config: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen([*CMD, "serve", "--config", str(config), "--log-format", "json"], stderr=subprocess.PIPE)
+def service(config: Path, port: int, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
+    argv = [*CMD, "serve", "--config", str(config), "--log-format", "json", *extra]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE)
     try:
         wait_listening(port)
         yield proc
@@ -390,3 +392,48 @@ def test_a_plain_receiver_has_no_list_to_give(tmp_path: Path) -> None:
         "sendstream: error: the receiver refused: this receiver keeps no snapshots to list: "
         "--list asks a sendstream serve"
     )
+
+
+def test_metrics_are_scraped_over_http(tmp_path: Path) -> None:
+    pytest.importorskip("prometheus_client", reason="serve --metrics needs prometheus_client (the test extra has it)")
+    port, scrape = free_port(), free_port()
+    config = write_config(tmp_path, port, "max_per_client = 1", clients=("alpha",))
+    big = tmp_path / "big.stream"
+    big.write_bytes(FULL.read_bytes() * 8)
+    with service(config, port, "--metrics", f"127.0.0.1:{scrape}") as proc:
+        wait_listening(scrape)
+        assert send(port, tmp_path, "alpha", FULL).returncode == 0
+        assert send(port, tmp_path, "alpha", INCR).returncode == 0
+        damaged = bytearray(FULL.read_bytes())
+        damaged[len(damaged) // 2] ^= 0xFF
+        raw_tls_send(port, tmp_path / "keys" / "alpha.key", "alpha", bytes(damaged))
+        slow = threading.Thread(target=send, args=(port, tmp_path, "alpha", big, "--rate-limit", "400K"))
+        slow.start()
+        time.sleep(1.0)
+        during = urllib.request.urlopen(f"http://127.0.0.1:{scrape}/metrics", timeout=10).read().decode()
+        assert send(port, tmp_path, "alpha", FULL).returncode == 4  # busy
+        slow.join(60)
+        after = urllib.request.urlopen(f"http://127.0.0.1:{scrape}/metrics", timeout=10).read().decode()
+    assert _samples(during)['sendstream_active_transfers{client="alpha"}'] == 1
+    samples = _samples(after)
+    size = FULL.stat().st_size + INCR.stat().st_size + big.stat().st_size
+    assert {k: v for k, v in samples.items() if "last_success" not in k} == {
+        'sendstream_transfers_total{client="alpha",result="ok"}': 3,
+        'sendstream_transfers_total{client="alpha",result="failed"}': 1,
+        'sendstream_transfers_total{client="alpha",result="busy"}': 1,
+        'sendstream_received_bytes_total{client="alpha"}': size,
+        'sendstream_active_transfers{client="alpha"}': 0,
+    }
+    last = {k: v for k, v in samples.items() if "last_success" in k}
+    assert sorted(last) == [
+        f'sendstream_last_success_timestamp_seconds{{client="alpha",subvolume="{name}"}}'
+        for name in ("rich_base", "rich_incr")
+    ]
+    assert all(abs(v - time.time()) < 120 for v in last.values()), last
+    assert proc.returncode == 0
+
+
+def _samples(text: str) -> dict[str, float]:
+    """The samples of a scrape: ``name{labels}`` -> value (the _created series left out)."""
+    rows = (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    return {name: float(value) for name, value in rows if "_created" not in name}

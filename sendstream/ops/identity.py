@@ -120,36 +120,45 @@ def check_identity(value: Any, what: str = "the stream identity") -> dict[str, A
     return value
 
 
+def first_command(prefix: bytes) -> tuple[int | None, Command | None]:
+    """The version and the first command of the stream that starts with ``prefix`` (None where it has none)."""
+    version = None
+    decoder = Decoder()
+    decoder.receive_data(prefix)
+    try:
+        while (event := decoder.next_event()) is not NEED_DATA:
+            if isinstance(event, StreamHeader):
+                version = event.version
+            elif isinstance(event, Command):
+                return version, event
+            else:
+                break
+    except e.SendStreamError:
+        pass
+    return version, None
+
+
 def stream_identity(prefix: bytes) -> dict[str, Any]:
     """The identity of the stream that starts with ``prefix`` (its first command, and a digest)."""
+    version, command = first_command(prefix)
     ident: dict[str, Any] = {
-        "version": None,
+        "version": version,
         "command": None,
         "uuid": None,
         "ctransid": None,
         "parent_uuid": None,
         "parent_ctransid": None,
     }
-    decoder = Decoder()
-    decoder.receive_data(prefix)
-    try:
-        while (event := decoder.next_event()) is not NEED_DATA:
-            if isinstance(event, StreamHeader):
-                ident["version"] = event.version
-            elif isinstance(event, Command):
-                ident["command"] = event.name
-                values = event.values()
-                for ours, theirs in (("uuid", "uuid"), ("ctransid", "ctransid")):
-                    if theirs in values:
-                        ident[ours] = str(values[theirs]) if ours == "uuid" else values[theirs]
-                if event.name == "snapshot":
-                    ident["parent_uuid"] = str(values.get("clone_uuid"))
-                    ident["parent_ctransid"] = values.get("clone_ctransid")
-                break
-            else:
-                break
-    except e.SendStreamError:
-        pass
+    if command is not None:
+        ident["command"] = command.name
+        values = command.values()
+        if "uuid" in values:
+            ident["uuid"] = str(values["uuid"])
+        if "ctransid" in values:
+            ident["ctransid"] = values["ctransid"]
+        if command.name == "snapshot":
+            ident["parent_uuid"] = str(values.get("clone_uuid"))
+            ident["parent_ctransid"] = values.get("clone_ctransid")
     ident["prefix"] = len(prefix)
     ident["sha256"] = hashlib.sha256(prefix).hexdigest()
     return ident

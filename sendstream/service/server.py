@@ -39,12 +39,13 @@ from ..net.session.receiver import Opening, SessionReceiver, open_connection
 from ..net.sinks import ChildSink
 from ..net.tls import accept_channel
 from ..net.tls.keys import fingerprint
-from ..ops.identity import stream_identity
+from ..ops.identity import first_command, stream_identity
 from ..ops.ledger import Ledger
 from ..ops.stored import manifest, stream_name
 from .config import Client, Config
 from .confine import UuidGuard, subvolumes
 from .held import held
+from .metrics import Metrics, NoMetrics
 
 DRAIN_SECONDS = 30.0  # after SIGTERM, how long running transfers may take to end before they are cut
 
@@ -80,9 +81,10 @@ def _text(value: Any) -> str:
 class Service:
     """The service of ``config``: :meth:`run` until ``stop`` is set."""
 
-    def __init__(self, config: Config, log: EventLog) -> None:
+    def __init__(self, config: Config, log: EventLog, metrics: Metrics | NoMetrics | None = None) -> None:
         self.config = config
         self.log = log
+        self.metrics = metrics or NoMetrics()
         self._lock = threading.Lock()
         self._active: dict[str, set[SessionReceiver]] = {name: set() for name in config.clients}
         self._threads: set[threading.Thread] = set()
@@ -145,6 +147,7 @@ class Service:
                 else None
             )
         if busy:
+            self.metrics.refused(client.identity, "busy")
             self.log("refused", client=client.identity, peer=opening.peer, reason=busy)
             tell(opening.channel, e.EXIT_IO, f"busy: {busy}; try again later")
             opening.close()
@@ -179,6 +182,9 @@ class Service:
         began = time.monotonic()
         fields: dict[str, Any] = {"client": client.identity, "peer": opening.peer}
         session: SessionReceiver | None = None
+        self.metrics.began(client.identity)
+        result, size = "failed", 0
+        names: tuple[str, ...] = ()
         try:
             session = SessionReceiver(opening, reconnect_timeout=0.0)
             with self._lock:
@@ -188,7 +194,7 @@ class Service:
                 claims: list[str] = []
                 try:
                     child = {"say": lambda line: self.log("btrfs-receive", **fields, line=line)}
-                    name, size = receive_into(
+                    name, size, names = receive_into(
                         session, client, lambda *what: self._claim(client, claims, *what), **child
                     )
                 finally:
@@ -196,8 +202,9 @@ class Service:
                         for claim in claims:
                             del self._claims[claim]
             else:
-                name, size = store(session, client, opening.peer)
+                name, size, names = store(session, client, opening.peer)
             session.answer(0, "ok")
+            result = "ok"
             done = {"subvolumes": name} if client.receive else {"stream": name}
             self.log(
                 "received" if client.receive else "stored",
@@ -215,6 +222,7 @@ class Service:
                 opening.close()
             self.log("failed", **fields, seconds=round(time.monotonic() - began, 3), code=code, reason=message)
         finally:
+            self.metrics.ended(client.identity, result, size, names)
             if session is not None:
                 session.close()
                 with self._lock:
@@ -248,8 +256,9 @@ class Service:
             threads[0].join(0.25)
 
 
-def store(session: SessionReceiver, client: Client, peer: str) -> tuple[str, int]:
-    """Check and write the stream of ``session`` into ``client``'s place; its name and size once stored."""
+def store(session: SessionReceiver, client: Client, peer: str) -> tuple[str, int, tuple[str, ...]]:
+    """Check and write the stream of ``session`` into ``client``'s place; once stored, its file name, its
+    size and the name of its snapshot."""
     place = OutputDirectory(os.path.join(client.place, "incoming.stream"))
     with place:
         hidden, fd = place.create_temporary(0o600)
@@ -288,7 +297,9 @@ def store(session: SessionReceiver, client: Client, peer: str) -> tuple[str, int
                 place.unlink(note)
                 raise
             place.sync()  # the names are durable before the sender hears success
-            return name, summary.bytes
+            _, first = first_command(bytes(prefix))
+            snapshot = os.fsdecode(first.get("path", b"")) if first is not None else ""
+            return name, summary.bytes, (snapshot,) if snapshot else ()
         except BaseException:
             place.unlink(hidden)
             raise
@@ -301,7 +312,7 @@ def receive_into(
     client: Client,
     claim: Callable[[uuid.UUID, str], object],
     say: Callable[[str], object],
-) -> tuple[str, int]:
+) -> tuple[str, int, tuple[str, ...]]:
     """Check the stream of ``session`` and give it to ``btrfs receive`` in ``client``'s place, its UUIDs
     confined (:class:`~sendstream.service.confine.UuidGuard`); the subvolumes made, and the size. What
     ``btrfs receive`` writes on stderr goes to ``say``, line by line.
@@ -330,7 +341,7 @@ def receive_into(
         for name in made:
             _delete_subvolume(os.path.join(client.place, name))
         raise
-    return ", ".join(made), summary.bytes
+    return ", ".join(made), summary.bytes, tuple(made)
 
 
 def _delete_subvolume(path: str) -> None:
