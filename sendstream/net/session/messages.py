@@ -31,7 +31,10 @@ def _head(line: bytes, who: str) -> bytes:
         raise SessionError(f"{who} does not speak the session protocol (it sent {shown_bytes(line, 40)})")
     if not line.startswith(HEAD):
         version = line[len(MAGIC) + 1 :].split(b" ", 1)[0]
-        raise SessionError(f"session protocol version {shown_bytes(version, 20)} is not {VERSION}")
+        raise SessionError(
+            f"{who} speaks session protocol version {shown_bytes(version, 20)}, this end version {VERSION} "
+            "(a newer sendstream speaks every older version: upgrade the older end)"
+        )
     return line[len(HEAD) :].rstrip(b"\n")
 
 

@@ -3,7 +3,8 @@
 Version 1, inside the channel (TLS or plain TCP):
 
 sender -> receiver
-    ``sendstream-session 1 {JSON}\\n``: the hello. JSON holds ``stream``,
+    ``sendstream-session 1 {JSON}\\n``: the hello. JSON holds ``speaks`` (the
+    versions of this protocol the sender speaks: ``[1]``), ``stream``,
     the stream identity: ``uuid``, ``ctransid``, ``parent_uuid``,
     ``parent_ctransid`` (null for a full send) and ``version`` of the first
     command (``subvol`` or ``snapshot``), and ``prefix`` / ``sha256``: the
@@ -75,6 +76,7 @@ from .messages import (
     parse_status,
 )
 
+SPEAKS = [VERSION]  # the session versions this release speaks: a later one keeps every earlier one
 PREFIX_SIZE = 64 << 10  # the hello's identity covers at most this many first bytes of the stream
 MAX_FRAME = 16 << 20
 MAX_REASON = 4096  # of an ``X`` frame's reason, what is read (the sender sends no more)
@@ -175,8 +177,9 @@ Event = Hello | RawStream | ListRequest | CompressOffer | Data | End | Abort | B
 
 
 def json_line(obj: Any) -> bytes:
-    """``sendstream-session 1 {JSON}``: a hello or an answer."""
-    return MAGIC + b" %d " % VERSION + json.dumps(obj, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+    """``sendstream-session 1 {JSON}``: a hello or an answer; each says which versions its end speaks."""
+    body = {**obj, "speaks": SPEAKS}
+    return MAGIC + b" %d " % VERSION + json.dumps(body, sort_keys=True, separators=(",", ":")).encode() + b"\n"
 
 
 def status_line(code: int, message: str) -> bytes:
