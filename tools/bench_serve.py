@@ -42,7 +42,17 @@ sys.path.insert(0, str(TOOLS.parent))
 sys.path.insert(0, str(TOOLS))
 sys.path.insert(0, str(TOOLS.parent / "tests"))
 from bench import DEFAULT_DIR, ensure_streams  # noqa: E402
-from bench_transport import BenchError, checkout, cpu_model, free_port, log, proc_times, reap, wait_listening  # noqa: E402
+from bench_transport import (  # noqa: E402
+    BenchError,
+    bench_env,
+    checkout,
+    cpu_model,
+    free_port,
+    log,
+    proc_times,
+    reap,
+    wait_listening,
+)
 
 from sendstream.net.address import Address, Dialing, TlsSettings  # noqa: E402
 from sendstream.net.progress import NONE, Progress  # noqa: E402
@@ -69,17 +79,23 @@ class Service:
         self.config = tmp / "serve.toml"
         self.config.write_text(text)
         self.proc: subprocess.Popen[bytes] | None = None
+        self.env = bench_env()  # this checkout's package, whatever sendstream is installed
 
     @contextlib.contextmanager
     def running(self) -> Iterator[subprocess.Popen[bytes]]:
         with open(self.tmp / "serve.log", "wb") as out:
-            self.proc = subprocess.Popen([self.sendstream, "serve", "--config", str(self.config)], stderr=out)
+            argv = [self.sendstream, "serve", "--config", str(self.config)]
+            self.proc = subprocess.Popen(argv, stderr=out, env=self.env)
         try:
-            wait_listening(self.port, [self.proc], "sendstream serve")
+            try:
+                wait_listening(self.port, [self.proc], "sendstream serve")
+            except BenchError as exc:
+                raise BenchError(f"{exc}: {(self.tmp / 'serve.log').read_text()[-2000:]}") from None
             yield self.proc
         finally:
-            self.proc.terminate()
-            reap(self.proc, 60)
+            if self.proc.returncode is None:
+                self.proc.terminate()
+                reap(self.proc, 60)
 
     def status(self, field: str) -> int:
         assert self.proc is not None
@@ -91,7 +107,7 @@ class Service:
     def sender(self, client: str, stream: pathlib.Path) -> subprocess.Popen[bytes]:
         argv = [self.sendstream, "send", "--to", f"127.0.0.1:{self.port}", str(stream), "--tls", MODE]
         argv += ["--key", str(self.tmp / f"{client}.key"), "--identity", client, "--progress", "none", "-q"]
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=self.env)
 
     def clear(self) -> None:
         for place in self.places.iterdir():
@@ -103,7 +119,7 @@ def knock(port: int, key: pathlib.Path, stop: threading.Event) -> None:
     """Hostile clients, over and over, until ``stop``: a wrong key, garbage, silence."""
     wrong = ["send", "--to", f"127.0.0.1:{port}", str(SMALL), "--tls", MODE, "--key", str(key), "--identity", "host0"]
     while not stop.is_set():
-        subprocess.run([shutil.which("sendstream") or "sendstream", *wrong, "-q"], capture_output=True, check=False)
+        subprocess.run([shutil.which("sendstream") or "sendstream", *wrong, "-q"], capture_output=True, env=bench_env())
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)) as sock:
             sock.sendall(os.urandom(1 << 16))
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
