@@ -264,6 +264,12 @@ def _crafted(*commands: Command) -> bytes:
     return encode_stream_header(2) + body
 
 
+def _clone_from(source: uuid.UUID) -> Command:
+    """A clone of 4 KiB of ``file`` in subvolume ``source`` (at ctransid 7) into ``f``."""
+    attributes = [("path", b"f"), ("file_offset", 0), ("clone_len", 4096), ("clone_uuid", source)]
+    return Command.build("clone", [*attributes, ("clone_ctransid", 7), ("clone_path", b"file"), ("clone_offset", 0)])
+
+
 def _received_uuid(path: Path) -> str:
     shown = subprocess.run(["btrfs", "subvolume", "show", str(path)], capture_output=True, text=True, check=True)
     return next(line.split()[-1] for line in shown.stdout.splitlines() if "Received UUID" in line)
@@ -289,18 +295,7 @@ def test_into_btrfs_receive_each_client_is_confined_to_its_own_subvolumes(tmp_pa
             "clone-from-alpha": _crafted(
                 Command.build("subvol", [("path", b"evil"), ("uuid", evil), ("ctransid", 1)]),
                 Command.build("mkfile", [("path", b"f"), ("ino", 257)]),
-                Command.build(
-                    "clone",
-                    [
-                        ("path", b"f"),
-                        ("file_offset", 0),
-                        ("clone_len", 4096),
-                        ("clone_uuid", uuid.UUID(full_uuid)),
-                        ("clone_ctransid", 7),
-                        ("clone_path", b"file"),
-                        ("clone_offset", 0),
-                    ],
-                ),
+                _clone_from(uuid.UUID(full_uuid)),
             ),
             "clone-after-data": _crafted(  # 25 MiB first: btrfs receive has begun the subvolume when the clone comes
                 Command.build("subvol", [("path", b"evil3"), ("uuid", uuid.uuid4()), ("ctransid", 1)]),
@@ -309,18 +304,7 @@ def test_into_btrfs_receive_each_client_is_confined_to_its_own_subvolumes(tmp_pa
                     Command.build("write", [("path", b"f"), ("file_offset", i << 16), ("data", bytes(1 << 16))])
                     for i in range(400)
                 ),
-                Command.build(
-                    "clone",
-                    [
-                        ("path", b"f"),
-                        ("file_offset", 0),
-                        ("clone_len", 4096),
-                        ("clone_uuid", uuid.UUID(full_uuid)),
-                        ("clone_ctransid", 7),
-                        ("clone_path", b"file"),
-                        ("clone_offset", 0),
-                    ],
-                ),
+                _clone_from(uuid.UUID(full_uuid)),
             ),
             "alpha-as-parent": _crafted(
                 Command.build(

@@ -33,6 +33,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 
 TOOLS = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS.parent))  # this checkout, before an installed sendstream
@@ -80,6 +82,22 @@ def make_stream(tmp: pathlib.Path) -> pathlib.Path:
     return stream
 
 
+def timed_pair(
+    start: Callable[[], subprocess.Popen[bytes]], receiver: subprocess.Popen[bytes]
+) -> tuple[float, tuple[int, float], tuple[int, float]]:
+    """Start the sender, wait for it and for ``receiver``: the wall seconds, and each one's exit code and CPU."""
+    t0 = time.perf_counter()
+    sent = reap(start())
+    received = reap(receiver)
+    return time.perf_counter() - t0, sent, received
+
+
+def stop_receiver(receiver: subprocess.Popen[bytes]) -> None:
+    if receiver.returncode is None:
+        receiver.kill()
+        reap(receiver, 5)
+
+
 class Paths:
     def __init__(self, tmp: pathlib.Path, stream: pathlib.Path, level: int) -> None:
         self.tmp, self.stream, self.level = tmp, stream, level
@@ -99,15 +117,10 @@ class Paths:
             extra = ["--compress", f"zstd:{self.level}"] if compress else []
             argv = [self.ref.sendstream, "send", "--to", f"127.0.0.1:{port}", str(self.stream), *tls, *extra]
             with open(logs[1], "wb") as sl:
-                t0 = time.perf_counter()
-                send = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=sl, env=self.ref.env)
-                send_code, send_cpu = reap(send)
-                recv_code, recv_cpu = reap(recv)
-                elapsed = time.perf_counter() - t0
+                send = partial(subprocess.Popen, argv, stdin=subprocess.DEVNULL, stderr=sl, env=self.ref.env)
+                elapsed, (send_code, send_cpu), (recv_code, recv_cpu) = timed_pair(send, recv)
         finally:
-            if recv.returncode is None:
-                recv.kill()
-                reap(recv, 5)
+            stop_receiver(recv)
         check([("sendstream send", send_code), ("sendstream receive", recv_code)], logs)
         wire = self.stream.stat().st_size
         if compress:
@@ -149,15 +162,11 @@ class Paths:
         try:
             wait_listening(port, [recv], "socat")
             sender = f"{self.zstd} -q -{self.level} -c < {self.stream} | {socat} -u - TCP:127.0.0.1:{port}"
-            t0 = time.perf_counter()
-            send = subprocess.Popen(["/bin/sh", "-c", sender], stdin=subprocess.DEVNULL)
-            send_code, send_cpu = reap(send)  # a shell's usage includes its reaped children's
-            recv_code, recv_cpu = reap(recv)
-            elapsed = time.perf_counter() - t0
+            send = partial(subprocess.Popen, ["/bin/sh", "-c", sender], stdin=subprocess.DEVNULL)
+            # a shell's usage includes its reaped children's
+            elapsed, (send_code, send_cpu), (recv_code, recv_cpu) = timed_pair(send, recv)
         finally:
-            if recv.returncode is None:
-                recv.kill()
-                reap(recv, 5)
+            stop_receiver(recv)
         check([("zstd | socat", send_code), ("socat | zstd -d", recv_code)])
         sized = subprocess.run(
             f"{self.zstd} -q -{self.level} -c < {self.stream} | wc -c",
