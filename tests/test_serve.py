@@ -421,3 +421,28 @@ def _samples(text: str) -> dict[str, float]:
     """The samples of a scrape: ``name{labels}`` -> value (the _created series left out)."""
     rows = (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
     return {name: float(value) for name, value in rows if "_created" not in name}
+
+
+def test_sigterm_lets_a_running_transfer_end_and_takes_no_new_one(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    big = tmp_path / "big.stream"
+    big.write_bytes(FULL.read_bytes() * 6)
+    with service(config, port) as proc:
+        slow: list[subprocess.CompletedProcess[bytes]] = []
+        sender = threading.Thread(
+            target=lambda: slow.append(send(port, tmp_path, "alpha", big, "--rate-limit", "600K"))
+        )
+        sender.start()
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        late = send(port, tmp_path, "alpha", FULL)
+        sender.join(60)
+        proc.wait(60)
+    assert slow[0].returncode == 0, slow[0].stderr  # the running transfer ended well
+    assert late.returncode == 4 and b"connection refused" in late.stderr, late.stderr
+    assert proc.returncode == 0
+    log = events(proc)
+    assert [e["event"] for e in log][-2:] == ["stored", "stopped"]
+    assert stored(tmp_path, "alpha")[name_of(big)] == big.read_bytes()

@@ -116,6 +116,7 @@ class Service:
                         self._start(opening)
             finally:
                 listener.close()
+                server.close()  # a new sender is refused at once, not left in the backlog to be cut later
                 self._drain()
         self.log("stopped")
 
