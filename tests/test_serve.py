@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -446,3 +448,70 @@ def test_sigterm_lets_a_running_transfer_end_and_takes_no_new_one(tmp_path: Path
     log = events(proc)
     assert [e["event"] for e in log][-2:] == ["stored", "stopped"]
     assert stored(tmp_path, "alpha")[name_of(big)] == big.read_bytes()
+
+
+# resume without tokens: the service journals a session's stream and tells a sender that comes back where
+
+
+def _sender(port: int, tmp_path: Path, stream: Path, *extra: str) -> subprocess.Popen[bytes]:
+    key = tmp_path / "keys" / "alpha.key"
+    argv = [*CMD, "send", "--to", f"127.0.0.1:{port}", str(stream), "--key", str(key), "--identity", "alpha"]
+    return subprocess.Popen([*argv, "--progress", "none", "--resumable", *extra], stderr=subprocess.PIPE)
+
+
+def _journaled(tmp_path: Path) -> int:
+    """How many bytes the service's journal of alpha's transfer holds now (0 when none)."""
+    parts = list((tmp_path / "places" / "alpha").glob(".*.incoming.part"))
+    return parts[0].stat().st_size if parts else 0
+
+
+def test_a_sender_killed_mid_transfer_resumes_without_a_token(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    big = tmp_path / "big.stream"
+    big.write_bytes(FULL.read_bytes() * 40)  # 11 MB: 5.5 s at 2 MiB/s
+    with service(config, port) as proc:
+        first = _sender(port, tmp_path, big, "--rate-limit", "2M")
+        deadline = time.monotonic() + 20
+        while _journaled(tmp_path) < 3 << 20 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.5)  # a checkpoint is made durable every second
+        first.kill()
+        first.wait()
+        other = tmp_path / "other.stream"  # its first 64 KiB are big's, so it says it is the same stream
+        other.write_bytes(FULL.read_bytes() * 5 + INCR.read_bytes() + FULL.read_bytes() * 35)
+        _, differs = _sender(port, tmp_path, other).communicate(timeout=60)
+        again = _sender(port, tmp_path, big)
+        _, err = again.communicate(timeout=60)
+    assert b"another stream: the stream differs from what the receiver kept" in differs, differs
+    assert again.returncode == 0, err
+    resumed = int(re.search(rb"resumed at offset (\d+)", err).group(1))  # type: ignore[union-attr]
+    assert 2 << 20 < resumed < big.stat().st_size, err
+    held = stored(tmp_path, "alpha")
+    assert sorted(held) == [name_of(big), name_of(big) + ".json"] and held[name_of(big)] == big.read_bytes()
+    note = json.loads(held[name_of(big) + ".json"])
+    assert note["sha256"] == hashlib.sha256(big.read_bytes()).hexdigest() and note["size"] == big.stat().st_size
+    log = events(proc)
+    assert [e.get("resumed") for e in log if e["event"] == "transfer"] == [None, resumed, resumed]
+
+
+def test_a_killed_service_started_again_takes_its_senders_back(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    big = tmp_path / "big.stream"
+    big.write_bytes(FULL.read_bytes() * 40)
+    with service(config, port) as proc:
+        sender = _sender(port, tmp_path, big, "--rate-limit", "2M", "--retries", "20", "--retry-delay", "0.5")
+        deadline = time.monotonic() + 20
+        while _journaled(tmp_path) < 3 << 20 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.5)
+        proc.kill()  # SIGKILL: no time to say anything
+        proc.wait()
+    with service(config, port) as proc:
+        _, err = sender.communicate(timeout=60)
+    assert sender.returncode == 0, err
+    assert b"resumed after 1 drop" in err, err
+    assert stored(tmp_path, "alpha")[name_of(big)] == big.read_bytes()
+    transfer = next(e for e in events(proc) if e["event"] == "transfer")
+    assert 2 << 20 < int(transfer["resumed"]) < big.stat().st_size  # type: ignore[call-overload]

@@ -108,8 +108,8 @@ def receive_resumable(
     source: Any = session
     out: Callable[[Any], object] = counted
     if journal is not None:
-        ledger = Ledger(journal.checkpoint)
-        session.checkpoint = lambda offset: journal.commit(offset, session.identity, ledger)
+        journaled = ledger = ledger or Ledger(journal.checkpoint)
+        session.checkpoint = lambda offset: journal.commit(offset, session.identity, journaled)
         if journal.checkpoint is not None:
             source, out = Chain(journal.prefix(), session), after(journal.offset, counted)
     healer = Healer(out, ledger=ledger)

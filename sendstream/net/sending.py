@@ -195,6 +195,7 @@ def send_resumable(
     from ..ops.ledger import Ledger
     from .session.sender import WINDOW_SIZE, SessionSender
 
+    ledger = Ledger(resume)
     sender = SessionSender(
         connect,
         retries=retries,
@@ -205,15 +206,14 @@ def send_resumable(
         log=log,
         progress=progress.add,
         notice=progress.note,
+        kept=lambda checkpoint: ledger.expect(checkpoint, "what the receiver kept"),
     )
-    ledger = Ledger(resume) if resume else None
     healer = Healer(sender.write, ledger=ledger)
     try:
         for event in file_events(source, Framer(), healer.batch):
             healer.event(event)
-        if ledger is not None:
-            sender.identify()  # a short stream: the identity first, it says more than the ledger
-            ledger.finish()
+        sender.identify()  # a short stream: the identity first, it says more than the ledger
+        ledger.finish()
         code, message = sender.finish()
     except BaseException as exc:
         sender.abort(str(exc) if isinstance(exc, e.SendStreamError) else None)

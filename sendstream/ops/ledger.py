@@ -46,11 +46,48 @@ class Ledger:
         self._lens = hashlib.sha256()
         self._crcs = hashlib.sha256()
         self._expect = expect
+        self._whose = "the token's"  # whose checkpoint it is, for errors
+        # where the last addition began, to check a checkpoint inside it: offset, commands, both
+        # digests' states, and its command lengths (None for a stream header) and CRCs
+        self._mark: tuple[int, int, Any, Any, array[int] | None, array[int]] | None = None
         if expect is not None and expect.offset == 0:
             self._check()
 
     def digest(self) -> str:
-        return hashlib.sha256(b"sendstream-ledger-1" + self._lens.digest() + self._crcs.digest()).hexdigest()
+        return _digest(self._lens, self._crcs)
+
+    def expect(self, checkpoint: Checkpoint, whose: str) -> None:
+        """Check the stream against ``checkpoint`` (``whose`` it is, for errors) where the stream reaches its
+        offset, or now, when the last addition already went past it."""
+        self._whose = whose
+        if checkpoint.offset >= self.offset:
+            self._expect = checkpoint
+            if checkpoint.offset == self.offset:
+                self._check()
+            return
+        mark = self._mark
+        if mark is None or checkpoint.offset < mark[0]:
+            raise PrefixDiffers(
+                f"the stream went on past offset {checkpoint.offset} before {whose} checkpoint there came",
+                offset=checkpoint.offset,
+                index=self.commands,
+                expected=f"offset {checkpoint.offset} within the last {self.offset - (mark[0] if mark else 0)} bytes",
+                actual=f"offset {self.offset}",
+            )
+        offset, commands, lens_state, crcs_state, lens, crcs = mark
+        k = 0
+        while offset < checkpoint.offset and lens is not None:
+            offset += lens[k] + COMMAND_HEADER_SIZE
+            k += 1
+        if offset != checkpoint.offset:
+            self._expect = checkpoint
+            self._differs(f"a stream header or command boundary at offset {checkpoint.offset}", offset)
+        lens_state, crcs_state = lens_state.copy(), crcs_state.copy()
+        if k:
+            assert lens is not None
+            lens_state.update(_little_endian(lens[:k]))
+            crcs_state.update(_little_endian(crcs[:k]))
+        self._compare(checkpoint, commands + k, _digest(lens_state, crcs_state))
 
     def header(self, version: int) -> None:
         self._add(array("I", [_HEADER_MARK]), array("I", [version]), STREAM_HEADER_SIZE, 0)
@@ -77,6 +114,14 @@ class Ledger:
             self._differs(f"at least {self._expect.offset} bytes", f"the stream ends at {self.offset}")
 
     def _add(self, lens: array[int], crcs: array[int], size: int, commands: int) -> None:
+        self._mark = (
+            self.offset,
+            self.commands,
+            self._lens.copy(),
+            self._crcs.copy(),
+            lens if commands else None,
+            crcs,
+        )
         if lens:
             self._lens.update(_little_endian(lens))
             self._crcs.update(_little_endian(crcs))
@@ -90,14 +135,17 @@ class Ledger:
     def _check(self) -> None:
         assert self._expect is not None
         expect, self._expect = self._expect, None
-        if (self.commands, self.digest()) != (expect.commands, expect.ledger):
+        self._compare(expect, self.commands, self.digest())
+
+    def _compare(self, expect: Checkpoint, commands: int, digest: str) -> None:
+        if (commands, digest) != (expect.commands, expect.ledger):
             raise PrefixDiffers(
-                f"the stream differs from the token's before offset {expect.offset}: "
+                f"the stream differs from {self._whose} before offset {expect.offset}: "
                 "other command lengths or CRCs (not the same snapshot, or a changed file)",
                 offset=expect.offset,
-                index=self.commands,
+                index=commands,
                 expected=f"{expect.commands} commands with ledger {expect.ledger[:16]}",
-                actual=f"{self.commands} commands with ledger {self.digest()[:16]}",
+                actual=f"{commands} commands with ledger {digest[:16]}",
             )
 
     def _differs(self, expected: str, actual: object) -> None:
@@ -105,12 +153,16 @@ class Ledger:
         offset = self._expect.offset
         self._expect = None
         raise PrefixDiffers(
-            f"the stream differs from the token's: offset {offset} is not where it was",
+            f"the stream differs from {self._whose}: offset {offset} is not where it was",
             offset=offset,
             index=self.commands,
             expected=expected,
             actual=actual,
         )
+
+
+def _digest(lens: Any, crcs: Any) -> str:
+    return hashlib.sha256(b"sendstream-ledger-1" + lens.digest() + crcs.digest()).hexdigest()
 
 
 def _little_endian(values: array[int]) -> bytes:

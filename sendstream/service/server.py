@@ -30,6 +30,7 @@ from .. import errors as e
 from ..io.outputs import OutputDirectory, OutputFile
 from ..io.threads import started
 from ..net.address import listen
+from ..net.journal import PART_SUFFIX, Journal, load_state, state_path
 from ..net.listener import Listener
 from ..net.progress import NONE, Progress
 from ..net.receiving import receive_resumable
@@ -40,7 +41,7 @@ from ..net.sinks import ChildSink
 from ..net.tls import accept_channel
 from ..net.tls.keys import fingerprint
 from ..ops.identity import first_command, stream_identity
-from ..ops.ledger import Ledger
+from ..ops.ledger import Checkpoint, Ledger
 from ..ops.stored import manifest, stream_name
 from .config import Client, Config
 from .confine import UuidGuard, subvolumes
@@ -186,24 +187,31 @@ class Service:
         self.metrics.began(client.identity)
         result, size = "failed", 0
         names: tuple[str, ...] = ()
+        claims: list[str] = []
         try:
-            session = SessionReceiver(opening, reconnect_timeout=0.0)
+            checkpoint = None
+            if not client.receive and opening.identity is not None:
+                journal = os.path.join(client.place, incoming_name(opening.identity))
+                self._hold([f"path {journal}"], claims, client)
+                checkpoint = kept(journal, client.key, opening.identity)
+            session = SessionReceiver(
+                opening,
+                reconnect_timeout=0.0,
+                start=checkpoint.offset if checkpoint else 0,
+                identity=checkpoint.stream if checkpoint else None,
+                ledger=(checkpoint.commands, checkpoint.ledger) if checkpoint else None,
+            )
             with self._lock:
                 self._active[client.identity].add(session)
-            self.log("transfer", **fields, compressed=opening.channel.compressed)
+            resumed = {"resumed": checkpoint.offset} if checkpoint else {}
+            self.log("transfer", **fields, compressed=opening.channel.compressed, **resumed)
             if client.receive:
-                claims: list[str] = []
-                try:
-                    child = {"say": lambda line: self.log("btrfs-receive", **fields, line=line)}
-                    name, size, names = receive_into(
-                        session, client, lambda *what: self._claim(client, claims, *what), **child
-                    )
-                finally:
-                    with self._lock:
-                        for claim in claims:
-                            del self._claims[claim]
+                child = {"say": lambda line: self.log("btrfs-receive", **fields, line=line)}
+                name, size, names = receive_into(
+                    session, client, lambda *what: self._claim(client, claims, *what), **child
+                )
             else:
-                name, size, names = store(session, client, opening.peer)
+                name, size, names = store(session, client, opening.peer, checkpoint)
             session.answer(0, "ok")
             result = "ok"
             done = {"subvolumes": name} if client.receive else {"stream": name}
@@ -220,10 +228,14 @@ class Service:
                 with contextlib.suppress(Exception):
                     session.answer(code, message)
             else:
+                tell(opening.channel, code, message)
                 opening.close()
             self.log("failed", **fields, seconds=round(time.monotonic() - began, 3), code=code, reason=message)
         finally:
             self.metrics.ended(client.identity, result, size, names)
+            with self._lock:
+                for claim in claims:
+                    del self._claims[claim]
             if session is not None:
                 session.close()
                 with self._lock:
@@ -231,13 +243,16 @@ class Service:
 
     def _claim(self, client: Client, claims: list[str], subvolume: uuid.UUID, name: str) -> None:
         """Hold ``subvolume`` (everywhere) and ``name`` (in the client's place) for one transfer of ``client``."""
-        wanted = [f"uuid {subvolume}", f"path {os.path.join(client.place, name)}"]
+        if os.path.lexists(os.path.join(client.place, name)):
+            raise e.SessionError(f"refused: {name!r} is already in {client.identity}'s place")
+        self._hold([f"uuid {subvolume}", f"path {os.path.join(client.place, name)}"], claims, client)
+
+    def _hold(self, wanted: list[str], claims: list[str], client: Client) -> None:
+        """Hold what a transfer makes (kept in ``claims``) so that no other running transfer makes it too."""
         with self._lock:
             for claim in wanted:
                 if claim in self._claims:
                     raise e.SessionError(f"refused: another transfer is receiving {claim.split(' ', 1)[1]} now")
-            if os.path.lexists(os.path.join(client.place, name)):
-                raise e.SessionError(f"refused: {name!r} is already in {client.identity}'s place")
             for claim in wanted:
                 self._claims[claim] = client.identity
                 claims.append(claim)
@@ -257,55 +272,100 @@ class Service:
             threads[0].join(0.25)
 
 
-def store(session: SessionReceiver, client: Client, peer: str) -> tuple[str, int, tuple[str, ...]]:
+def incoming_name(identity: dict[str, Any]) -> str:
+    """The hidden name a session's stream is journaled under in its client's place, until it is whole."""
+    return f".{stream_name(identity)}.incoming"
+
+
+def kept(journal: str, key: bytes, identity: dict[str, Any]) -> Checkpoint | None:
+    """The durable checkpoint of an earlier run of the transfer of stream ``identity`` to ``journal``; None
+    when there is none (what another stream of that name left is removed)."""
+    try:
+        checkpoint = load_state(journal, key)
+    except e.ResumeError:
+        return None
+    if checkpoint.stream != identity:
+        for leftover in (state_path(journal), journal + PART_SUFFIX):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
+        return None
+    return checkpoint
+
+
+def store(
+    session: SessionReceiver, client: Client, peer: str, checkpoint: Checkpoint | None = None
+) -> tuple[str, int, tuple[str, ...]]:
     """Check and write the stream of ``session`` into ``client``'s place; once stored, its file name, its
-    size and the name of its snapshot."""
-    place = OutputDirectory(os.path.join(client.place, "incoming.stream"))
-    with place:
-        hidden, fd = place.create_temporary(0o600)
-        try:
-            digest, prefix = hashlib.sha256(), bytearray()  # the prefix names the stream
-            with OutputFile(fd, os.path.join(client.place, hidden), closefd=False) as out:
+    size and the name of its snapshot.
 
-                def write(data: Any) -> None:
-                    out.write(data)
-                    digest.update(data)
-                    if len(prefix) < PREFIX_SIZE:
-                        prefix.extend(memoryview(data)[: PREFIX_SIZE - len(prefix)])
-
-                ledger = Ledger()
-                summary = receive_resumable(session, write, Progress("received", mode=NONE), ledger=ledger)
-                out.fsync()
-            identity = stream_identity(bytes(prefix))
-            name = stream_name(identity)
-            record = manifest(
-                identity,
-                size=summary.bytes,
-                sha256=digest.hexdigest(),
-                commands=ledger.commands,
-                ledger=ledger.digest(),
-                client=client.identity,
-                peer=peer,
-            )
-            place.replace(hidden, name, fd)
-            note, note_fd = place.create_temporary(0o600)
+    A session's stream is journaled (:class:`~sendstream.net.journal.Journal`: durable checkpoints, a
+    resume state signed with the client's key), so that the same stream sent again continues from
+    ``checkpoint``, the last one of an earlier run; a raw stream goes to a hidden temporary file.
+    """
+    progress = Progress("received", mode=NONE)
+    ledger = Ledger(checkpoint)
+    with OutputDirectory(os.path.join(client.place, "incoming.stream")) as place:
+        if session.raw:
+            hidden, fd = place.create_temporary(0o600)
             try:
-                with OutputFile(note_fd, os.path.join(client.place, note)) as f:
-                    f.write(record)
-                    f.fsync()
-                place.replace(note, name + ".json")
+                with OutputFile(fd, os.path.join(client.place, hidden)) as out:
+                    receive_resumable(session, out.write, progress, ledger=ledger)
+                    out.fsync()
             except BaseException:
-                place.unlink(note)
+                place.unlink(hidden)
                 raise
-            place.sync()  # the names are durable before the sender hears success
-            _, first = first_command(bytes(prefix))
-            snapshot = os.fsdecode(first.get("path", b"")) if first is not None else ""
-            return name, summary.bytes, (snapshot,) if snapshot else ()
+        else:
+            assert session.identity is not None
+            hidden = incoming_name(session.identity)
+            journal = Journal(os.path.join(client.place, hidden), client.key, checkpoint)
+            try:
+                receive_resumable(session, journal.write, progress, journal, ledger)
+                journal.finish()
+            except BaseException:
+                journal.close()  # its part and state stay, for the next run of this transfer
+                raise
+        try:
+            return _named(place, hidden, client, peer, ledger)
         except BaseException:
             place.unlink(hidden)
             raise
-        finally:
-            os.close(fd)
+
+
+def _named(
+    place: OutputDirectory, hidden: str, client: Client, peer: str, ledger: Ledger
+) -> tuple[str, int, tuple[str, ...]]:
+    """Give the whole stream in ``hidden`` its name, with its manifest beside it (durable before the sender
+    hears success); its name, size and snapshot."""
+    fd = place.open_ours(hidden, os.O_RDONLY)
+    try:
+        digest, size, prefix = hashlib.sha256(), 0, b""
+        while chunk := os.read(fd, 1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+            if len(prefix) < PREFIX_SIZE:
+                prefix += chunk[: PREFIX_SIZE - len(prefix)]
+        identity = stream_identity(prefix)
+        name = stream_name(identity)
+        record = manifest(
+            identity, size=size, sha256=digest.hexdigest(), commands=ledger.commands, ledger=ledger.digest(),
+            client=client.identity, peer=peer,
+        )  # fmt: skip
+        place.replace(hidden, name, fd)
+    finally:
+        os.close(fd)
+    note, note_fd = place.create_temporary(0o600)
+    try:
+        with OutputFile(note_fd, os.path.join(client.place, note)) as f:
+            f.write(record)
+            f.fsync()
+        place.replace(note, name + ".json")
+    except BaseException:
+        place.unlink(note)
+        raise
+    place.sync()
+    _, first = first_command(prefix)
+    snapshot = os.fsdecode(first.get("path", b"")) if first is not None else ""
+    return name, size, (snapshot,) if snapshot else ()
 
 
 def receive_into(

@@ -22,6 +22,7 @@ HEAD = MAGIC + b" %d " % VERSION
 STATUS_PREFIX = b"sendstream-status "
 MAX_LINE = 64 << 10
 _DIGITS = re.compile(rb"[0-9]{1,20}")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 _CODE = re.compile(rb"([0-9]{1,3})(?: |$)")
 
 
@@ -48,8 +49,10 @@ def parse_hello(line: bytes) -> dict[str, Any]:
     return check_identity(hello["stream"], "the session hello's stream")
 
 
-def parse_answer(line: bytes) -> tuple[int, int]:
-    """The receiver's answer to the hello: ``(verified, resume)``."""
+def parse_answer(line: bytes) -> tuple[int, int, tuple[int, str] | None]:
+    """The receiver's answer to the hello: ``(verified, resume, ledger)``; ``ledger`` is the command count
+    and ledger (:mod:`sendstream.ops.ledger`) of the stream at ``resume``, when the receiver gives them
+    (one that kept an earlier run of this transfer)."""
     answer = load_json(_head(line, "the receiver"), "the receiver's answer")
     if not isinstance(answer, dict):
         raise SessionError(f"the receiver's answer must be a JSON object, not {short_json(answer)}")
@@ -57,7 +60,20 @@ def parse_answer(line: bytes) -> tuple[int, int]:
     resume = checked_integer(answer.get("resume"), "the receiver's answer: resume")
     if resume < verified:
         raise SessionError(f"the receiver's answer resumes at {resume}, before its verified offset {verified}")
-    return verified, resume
+    ledger = answer.get("ledger")
+    if ledger is None:
+        return verified, resume, None
+    if (
+        not isinstance(ledger, dict)
+        or not isinstance(ledger.get("digest"), str)
+        or not _HEX64.fullmatch(ledger["digest"])
+    ):
+        raise SessionError(f"the receiver's answer: ledger must be {{commands, digest}}, not {short_json(ledger)}")
+    return (
+        verified,
+        resume,
+        (checked_integer(ledger.get("commands"), "the receiver's ledger: commands"), ledger["digest"]),
+    )
 
 
 def parse_listed(data: bytes) -> dict[str, Any]:

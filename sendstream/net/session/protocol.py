@@ -145,10 +145,12 @@ class Bye:
 
 @dataclass(frozen=True)
 class Answer:
-    """The receiver's answer to the hello: what it verified, and where the sender continues."""
+    """The receiver's answer to the hello: what it verified, where the sender continues and, from a
+    receiver that kept an earlier run of the transfer, the command count and ledger there."""
 
     verified: int
     resume: int
+    ledger: tuple[int, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -375,10 +377,14 @@ class ReceiverConnection(_Machine):
         self._state, self._answered = "first", True
         return offer_line(method)
 
-    def answer(self, verified: int, resume: int) -> bytes:
-        """The answer to the hello; the frames that follow carry the stream from ``resume`` on."""
+    def answer(self, verified: int, resume: int, ledger: tuple[int, str] | None = None) -> bytes:
+        """The answer to the hello; the frames that follow carry the stream from ``resume`` on. ``ledger``
+        (commands, digest) lets a sender without a token check its stream against what was kept."""
         self.offset = resume
-        return json_line({"verified": verified, "resume": resume})
+        body: dict[str, Any] = {"verified": verified, "resume": resume}
+        if ledger is not None:
+            body["ledger"] = {"commands": ledger[0], "digest": ledger[1]}
+        return json_line(body)
 
     @staticmethod
     def ack(verified: int) -> bytes:

@@ -199,6 +199,7 @@ class SessionReceiver:
         progress: Callable[[int], object] | None = None,
         start: int = 0,
         identity: dict[str, Any] | None = None,
+        ledger: tuple[int, str] | None = None,
     ) -> None:
         self._listener = listener
         self.flush = flush or (lambda: None)
@@ -212,6 +213,7 @@ class SessionReceiver:
         self._committed = start
         self._acker = Acker(lambda: self.verified, start)
         self.identity = identity
+        self._start, self._ledger = start, ledger  # what was kept of an earlier run, told in the answer
         self.raw = opening.identity is None
         self.reconnects = 0
         self._done = False
@@ -230,7 +232,8 @@ class SessionReceiver:
         self._acker.start(self.channel)
 
     def _answer_hello(self) -> None:
-        self.channel.send_all(self._inbox.machine.answer(self.verified, self.received))
+        ledger = self._ledger if self.received == self._start else None
+        self.channel.send_all(self._inbox.machine.answer(self.verified, self.received, ledger))
 
     def _arrived(self, opening: Opening) -> None:
         """A new connection opened (in its own thread): refuse it, or let it supersede the current one."""

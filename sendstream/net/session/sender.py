@@ -24,6 +24,7 @@ from ... import errors as e
 from ...errors import ResumeError, SessionError
 from ...io.threads import started
 from ...ops.identity import describe, stream_identity
+from ...ops.ledger import Checkpoint
 from ..tls import Channel
 from .connection import Dropped, Inbox, _close, _kill, transient
 from .protocol import PREFIX_SIZE, Ack, Answer, SenderConnection, Status
@@ -81,8 +82,12 @@ class SessionSender:
         log: Callable[[str], object] | None = None,
         progress: Callable[[int], object] | None = None,
         notice: Callable[[str], object] | None = None,
+        kept: Callable[[Checkpoint], object] | None = None,
     ) -> None:
         self._connect = connect
+        # a receiver that kept an earlier run of this transfer (no token here) says where, with its
+        # ledger there: ``kept(checkpoint)`` checks the stream against it, and the sender skips to it
+        self._kept = kept
         self.retries = retries
         self.retry_delay = retry_delay
         self.window = max(window, PREFIX_SIZE + PIECE_SIZE)
@@ -299,8 +304,14 @@ class SessionSender:
         assert isinstance(answer, Answer)
         verified, resume = answer.verified, answer.resume
         with self._cond:
-            if resume > self.written and self._skip_to and not self._sessions:
-                # a receiver still running got further with the sender before us: catch up
+            kept = not self._skip_to and answer.ledger is not None and self._kept is not None
+            if resume > self.written and (self._skip_to or kept) and not self._sessions:
+                # a receiver still running got further with the sender before us, or one that kept an
+                # earlier run of this transfer: check the stream against it there, and catch up
+                if kept:
+                    assert self._kept is not None and answer.ledger is not None and self.identity is not None
+                    self._kept(Checkpoint(self.identity, resume, *answer.ledger))
+                    self._log(f"session: the receiver kept {resume} bytes of an earlier run; resuming there")
                 self._held.restart(resume)
                 self._skip_to = resume
                 self.acked = verified
