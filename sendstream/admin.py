@@ -1,10 +1,18 @@
-"""The commands around the streams: pre-shared keys and the manual."""
+"""The commands around the streams: pre-shared keys, the manual, and the service (``serve``, ``send --list``)."""
 
 from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from .terminal import Group, warn
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .net.tls import Channel
 
 
 @click.group(cls=Group)
@@ -47,3 +55,88 @@ def man(ctx: click.Context) -> None:
     root = ctx.find_root().command
     assert isinstance(root, click.Group)
     click.echo(manpage(root), nl=False)
+
+
+@click.command(cls=Group.command_class)
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="The service's TOML file: where to listen, and each client's identity, key and place (see README).",
+)
+@click.option("--check-config", is_flag=True, help="Check FILE (keys, places, names) and say what is wrong, then exit.")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="One line per event on stderr: key=value text, or JSON lines.",
+)
+@click.option(
+    "--metrics",
+    metavar="HOST:PORT",
+    help="Answer Prometheus scrapes on HOST:PORT (needs prometheus_client): transfers, bytes, active ones, "
+    "the last success of each subvolume.",
+)
+def serve(config_path: str, check_config: bool, log_format: str, metrics: str | None) -> None:
+    """Receive streams from many clients at once, each authenticated by its key
+    and stored in its own place, until SIGTERM or Ctrl-C.
+
+    A client with a wrong key, one that sends garbage or nothing, a damaged
+    stream: each ends its own connection, with a logged reason and a status
+    to the sender, and the service goes on. A stream is stored whole and
+    checked, named by its subvolume UUID and ctransid (and its parent's),
+    with a JSON manifest beside it.
+    """
+    import signal
+    import threading
+
+    from .net.address import Address
+    from .service import config as configuration
+    from .service.server import EventLog, Service
+
+    config = configuration.load(config_path, warn=warn)
+    if check_config:
+        click.echo(
+            f"{config_path}: ok: {len(config.clients)} client{'s' * (len(config.clients) != 1)} "
+            f"({', '.join(sorted(config.clients))}), {config.tls} on {config.listen.host}:{config.listen.port}"
+        )
+        return
+    stop = threading.Event()
+
+    def stopping(signum: int, frame: object) -> None:
+        stop.set()  # a second signal ends the process at once
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    signal.signal(signal.SIGTERM, stopping)
+    signal.signal(signal.SIGINT, stopping)
+    log = EventLog(sys.stderr, log_format)
+    counted = None
+    if metrics is not None:
+        from .service.metrics import Metrics
+
+        counted = Metrics()
+        address = Address.parse(metrics, listen=True)
+        log("metrics", address=f"{address.host}:{counted.serve(address)}")
+    try:
+        Service(config, log, counted).run(stop)
+    finally:
+        if counted is not None:
+            counted.close()
+
+
+def list_held(connect: Callable[[], Channel], as_json: bool) -> None:
+    """``send --list``: print what a ``sendstream serve`` holds for us, one snapshot a line."""
+    import json
+
+    from .net.sending import list_held as listed
+
+    for s in listed(connect):
+        if as_json:
+            click.echo(json.dumps(s, sort_keys=True))
+            continue
+        parent = f"from {s.get('parent_uuid')}.{s.get('parent_ctransid')}" if s.get("parent_uuid") else "full"
+        click.echo(f"{s.get('uuid')}.{s.get('ctransid')} {parent} {s.get('name')}")

@@ -13,48 +13,33 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from . import __version__
-from . import errors as e
-from .admin import key, man
+from .admin import key, man, serve
 from .codec.crc import IMPLEMENTATION
 from .codec.native import PATH
 from .format.layout import MAX_VERSION
 from .io.framed import tell_problems
-from .io.windows import open_input
 from .ops.verify import find_headers
 from .options import (
     ListenOptions,
-    ProgressOptions,
-    SenderOptions,
     TlsOptions,
     convert_options,
     extract_options,
     given,
-    idle_timeout_option,
     in_out_arguments,
     json_option,
     listen_options,
     max_size_option,
-    output_options,
-    progress_options,
-    reconnect_timeout_option,
-    relay_listen_option,
-    resume_option,
-    send_options,
-    sender_options,
     stream_argument,
     summary_option,
     tls_options,
-    to_option,
     tracker_options,
     verbose_option,
 )
+from .remote import receive, relay, send
 from .terminal import Group, error, logger, run_command, warn, warner
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from .net.session.receiver import SessionReceiver
-    from .net.sinks import Sink
+    pass
 
 # What only some commands need loads when they run: imported up front it would double every
 # command's start-up. The TLS package is light until a connection loads its library.
@@ -216,186 +201,6 @@ def repair(source: str, target: str, keep_last: bool, quiet: bool, max_command_s
 
 
 @cli.command()
-@to_option
-@stream_argument
-@tls_options()
-@sender_options
-@send_options
-@click.option(
-    "--list", "listing", is_flag=True, help="Send nothing: list the snapshots a sendstream serve holds for us."
-)
-@json_option("snapshot (with --list)")
-@progress_options
-@verbose_option("Say which TLS path each direction uses (with why kTLS is off), and every reconnect.")
-def send(
-    target: str,
-    stream: str,
-    tls: TlsOptions,
-    sending: SenderOptions,
-    token: str | None,
-    no_status: bool,
-    read_ahead: int,
-    listing: bool,
-    as_json: bool,
-    show: ProgressOptions,
-    verbose: bool,
-) -> None:
-    """Check, heal and send STREAM (a file or -, e.g. from `btrfs send`) to HOST:PORT.
-
-    With --resumable the transfer survives dropped connections: the sender
-    reconnects and continues from the last command the receiver verified.
-    Without it the plain stream goes through TLS, which any TLS-PSK peer
-    (stunnel, openssl) can take, at full speed.
-
-    With --resume TOKEN (printed by a receiver that stopped) STREAM is the
-    same stream again, e.g. a new `btrfs send` of the same snapshot: it is
-    checked against the token up to the token's offset, and only the rest
-    is sent.
-
-    With --list nothing is sent: a `sendstream serve` says which snapshots
-    it holds for this client (its own only), to pick the next parent from.
-    """
-    from .net.sending import send as send_stream
-
-    if listing:
-        _list_held(target, tls, sending, as_json, logger(verbose))
-        return
-    if no_status and (sending.resumable or token):
-        raise e.UsageError("--no-status is for a receiver that is not sendstream; a session needs sendstream")
-    key = tls.key()
-    checkpoint = None
-    if token is not None:
-        from .ops.tokens import read_token
-
-        checkpoint = read_token(token, key)
-
-    log = logger(verbose)
-    connect = sending.connector(target, tls, key, log)
-    with open_input(stream) as source:
-        summary = send_stream(
-            source,
-            connect,
-            show.progress("sent"),
-            resume=checkpoint,
-            expect_status=not no_status,
-            log=log,
-            read_ahead=read_ahead,
-            **sending.retrying(),
-        )
-    if not show.quiet:
-        click.echo(f"sendstream: {sending.noted(summary).line('sent', verbose=verbose)}", err=True)
-
-
-@cli.command()
-@output_options
-@tls_options()
-@listen_options(reconnect=True)
-@resume_option
-@progress_options
-@verbose_option("Say which TLS path each direction uses (with why kTLS is off), and every reconnect.")
-def receive(
-    address: str,
-    output: str | None,
-    command: str | None,
-    tls: TlsOptions,
-    listen: ListenOptions,
-    resume: bool,
-    show: ProgressOptions,
-    verbose: bool,
-) -> None:
-    """Accept one sender, check every command, and write only checked ones
-    to stdout, a file or the stdin of CMD (e.g. 'btrfs receive DIR').
-
-    When the connection drops the sender may reconnect: the output (or CMD)
-    carries on where the last verified command ended. A resumable sender's
-    stream goes to FILE.part, made durable at checkpoints (FILE.part.resume
-    holds a resume token); if either side stops, `receive --resume` and
-    `send --resume TOKEN` continue from the last checkpoint.
-    """
-    import signal
-
-    from .net import receiving
-    from .net.sinks import Target
-    from .ops.tokens import make_token
-
-    target = Target(output, command, encrypted=tls.mode != "none", resume=resume)
-    key = tls.key()
-    checkpoint = target.start(key)
-    if checkpoint is not None and key is not None:
-        click.echo(
-            f"sendstream: resuming {output} at offset {checkpoint.offset}; on the sending side run\n"
-            f"  sendstream send --resume {make_token(checkpoint, key)} ...",
-            err=True,
-        )
-
-    def journaling() -> None:
-        # SIGTERM ends the transfer like an error: the token is printed, the journal kept
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-
-    progress = show.progress("received")
-    above = progress.above if progress.mode == "bar" else None  # a child's `At subvol` goes above the bar
-
-    def sink(session: SessionReceiver) -> Sink:
-        return target.sink(session.raw, key, checkpoint, notify=logger(True), journaling=journaling, child_stderr=above)
-
-    listening = listen.listening(address, tls, key)
-    summary = receiving.receive(listening, sink, progress, warn=warner(), log=logger(verbose), resume=checkpoint)
-    if not show.quiet:
-        click.echo(f"sendstream: {summary.line('received', verbose=verbose)}", err=True)
-
-
-@cli.command()
-@relay_listen_option
-@to_option
-@tls_options("listen", " of the sender's leg")
-@tls_options("to", " of the receiver's leg")
-@sender_options
-@reconnect_timeout_option
-@idle_timeout_option
-@progress_options
-@verbose_option("Say which TLS path each leg uses (with why kTLS is off), and every reconnect.")
-def relay(
-    address: str,
-    target: str,
-    listen_tls: TlsOptions,
-    to_tls: TlsOptions,
-    sending: SenderOptions,
-    reconnect_timeout: float,
-    idle_timeout: float,
-    show: ProgressOptions,
-    verbose: bool,
-) -> None:
-    """Accept one sender on --listen and send its stream on to --to, checking and
-    healing every command in between.
-
-    Each leg has its own TLS mode, key and identity: re-encrypt, change the
-    mode, rotate keys. The sender's leg takes what `receive` takes (a
-    `send --resumable` reconnects into the relay after a drop); the other
-    leg sends as `send` does (--resumable, --retries, --retry-delay,
-    --timeout, which also bounds the sender's handshake and hello). The sender hears
-    success only once the receiver reported it, and the receiver's failure
-    otherwise.
-    """
-    from .net import relay as relaying
-
-    listen_key, to_key = listen_tls.key(), to_tls.key()
-    log = logger(verbose, "downstream: ")
-    connect = sending.connector(target, to_tls, to_key, log)
-    listen = ListenOptions(sending.timeout, idle_timeout, reconnect_timeout)
-    summary = relaying.relay(
-        listen.listening(address, listen_tls, listen_key),
-        connect,
-        show.progress("relayed"),
-        warn=warner("upstream: "),
-        upstream_log=logger(verbose, "upstream: "),
-        log=log,
-        **sending.retrying(),
-    )
-    if not show.quiet:
-        click.echo(f"sendstream: {sending.noted(summary).line('relayed', verbose=verbose)}", err=True)
-
-
-@cli.command()
 @click.argument("stream", type=click.Path(dir_okay=False, allow_dash=True))
 @click.argument("directory", metavar="DIR", type=click.Path(exists=True, file_okay=False))
 @extract_options
@@ -451,94 +256,12 @@ def stats(stream: str, **options: Any) -> None:
     write_stats(stream, sys.stdout.buffer, warn=warn, **given(**options))
 
 
-@cli.command()
-@click.option(
-    "--config",
-    "config_path",
-    required=True,
-    metavar="FILE",
-    type=click.Path(dir_okay=False),
-    help="The service's TOML file: where to listen, and each client's identity, key and place (see README).",
-)
-@click.option("--check-config", is_flag=True, help="Check FILE (keys, places, names) and say what is wrong, then exit.")
-@click.option(
-    "--log-format",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="One line per event on stderr: key=value text, or JSON lines.",
-)
-@click.option(
-    "--metrics",
-    metavar="HOST:PORT",
-    help="Answer Prometheus scrapes on HOST:PORT (needs prometheus_client): transfers, bytes, active ones, "
-    "the last success of each subvolume.",
-)
-def serve(config_path: str, check_config: bool, log_format: str, metrics: str | None) -> None:
-    """Receive streams from many clients at once, each authenticated by its key
-    and stored in its own place, until SIGTERM or Ctrl-C.
-
-    A client with a wrong key, one that sends garbage or nothing, a damaged
-    stream: each ends its own connection, with a logged reason and a status
-    to the sender, and the service goes on. A stream is stored whole and
-    checked, named by its subvolume UUID and ctransid (and its parent's),
-    with a JSON manifest beside it.
-    """
-    import signal
-    import threading
-
-    from .service import config as configuration
-    from .service.server import EventLog, Service
-
-    config = configuration.load(config_path, warn=warn)
-    if check_config:
-        click.echo(
-            f"{config_path}: ok: {len(config.clients)} client{'s' * (len(config.clients) != 1)} "
-            f"({', '.join(sorted(config.clients))}), {config.tls} on {config.listen.host}:{config.listen.port}"
-        )
-        return
-    stop = threading.Event()
-
-    def stopping(signum: int, frame: object) -> None:
-        stop.set()  # a second signal ends the process at once
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-    signal.signal(signal.SIGTERM, stopping)
-    signal.signal(signal.SIGINT, stopping)
-    log = EventLog(sys.stderr, log_format)
-    counted = None
-    if metrics is not None:
-        from .net.address import Address
-        from .service.metrics import Metrics
-
-        counted = Metrics()
-        address = Address.parse(metrics, listen=True)
-        log("metrics", address=f"{address.host}:{counted.serve(address)}")
-    try:
-        Service(config, log, counted).run(stop)
-    finally:
-        if counted is not None:
-            counted.close()
-
-
-def _list_held(
-    target: str, tls: TlsOptions, sending: SenderOptions, as_json: bool, log: Callable[[str], object]
-) -> None:
-    import json
-
-    from .net.sending import list_held
-
-    for s in list_held(sending.connector(target, tls, tls.key(), log)):
-        if as_json:
-            click.echo(json.dumps(s, sort_keys=True))
-            continue
-        parent = f"from {s.get('parent_uuid')}.{s.get('parent_ctransid')}" if s.get("parent_uuid") else "full"
-        click.echo(f"{s.get('uuid')}.{s.get('ctransid')} {parent} {s.get('name')}")
-
-
+cli.add_command(send)
+cli.add_command(receive)
+cli.add_command(relay)
 cli.add_command(key)
 cli.add_command(man)
+cli.add_command(serve)
 
 
 def main(argv: list[str] | None = None) -> int:

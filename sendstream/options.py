@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .codec.limits import MAX_COMMAND_SIZE
 from .net import tls
+from .params import ByteSize, Compression
 from .terminal import psk
 
 if TYPE_CHECKING:
@@ -72,47 +73,6 @@ in_out_arguments = options(
     click.argument("source", metavar="IN", type=STREAM_PATH), click.argument("target", metavar="OUT", type=STREAM_PATH)
 )
 summary_option = click.option("-q", "--quiet", is_flag=True, help="No summary line.")
-
-
-class ByteSize(click.ParamType):  # type: ignore[type-arg]
-    """A size in bytes: ``123456``, ``300M``, ``1.5G``, ``2TiB`` (K, M, G, T are powers of 1024)."""
-
-    name = "size"
-    _POWERS: ClassVar[dict[str, int]] = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
-
-    def __init__(self, minimum: int = 0) -> None:
-        self.minimum = minimum
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int):
-            return value
-        text = str(value).strip().lower().removesuffix("b").removesuffix("i")
-        unit = text[-1:] if text[-1:].isalpha() else ""
-        try:
-            number = float(text[: len(text) - len(unit)])
-            power = self._POWERS[unit]
-        except (KeyError, ValueError):
-            self.fail(f"expected a size such as 123456, 300M or 1.5G, got {value!r}", param, ctx)
-        size = int(number * 1024**power) if 0 <= number < 1e18 else -1  # not nan, inf or negative
-        if size < self.minimum:
-            self.fail(f"expected a size of at least {self.minimum}, got {value!r}", param, ctx)
-        return size
-
-
-class Compression(click.ParamType):  # type: ignore[type-arg]
-    """``zstd`` or ``zstd:LEVEL``: a new :class:`~sendstream.net.compression.Tally` of that level."""
-
-    name = "compression"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Tally:
-        from .net.compression import Tally, parse_choice
-
-        if isinstance(value, Tally):
-            return value
-        try:
-            return Tally(parse_choice(str(value)))
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
 
 
 def _progress_mode(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, float]:
@@ -179,6 +139,10 @@ send_options = options(
         help="The receiver is not sendstream (stunnel, socat, openssl): count the stream as delivered once it "
         "is sent and closed, without the receiver's status.",
     ),
+    click.option(
+        "--list", "listing", is_flag=True, help="Send nothing: list the snapshots a sendstream serve holds for us."
+    ),
+    json_option("snapshot (with --list)"),
     click.option(
         "--buffer",
         "read_ahead",

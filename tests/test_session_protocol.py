@@ -254,7 +254,7 @@ HOSTILE_AT_THE_RECEIVER = {
     "garbage first": (b"GET / HTTP/1.1\r\n\r\n", "nor a compression offer: b'GET / HTTP/1.1"),
     "bad JSON": (b"sendstream-session 1 {bad\n", "the session hello is not valid JSON"),
     "over-long hello": (b"sendstream-session 1 " + b"x" * MAX_LINE, f"longer than {MAX_LINE} bytes"),
-    "another version": (b"sendstream-session 2 {}\n", "the sender speaks session protocol version b'2', this end version 1"),
+    "another version": (b"sendstream-session 2 {}\n", "speaks session protocol version b'2', this end version 1"),
 }
 
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import socket
+import time
 from dataclasses import dataclass
 
 from .. import errors as e
-from .compression import Tally, offer
+from .compression import METHOD, Tally, offer_line, parse_line
 from .tls import Channel, accept_channel, connect_channel
 
 CONNECT_TIMEOUT = 30.0
@@ -163,3 +164,43 @@ class Dialing:
         if self.rate:
             channel.limit_rate(self.rate)
         return channel
+
+
+def offer(channel: Channel, tally: Tally, seconds: float) -> None:
+    """Offer zstd on a new ``channel``, and compress from now on when the receiver takes it.
+
+    The answer comes within ``seconds``. A receiver that answers ``none``
+    gets the plain bytes; one that refuses (an older sendstream) or says
+    nothing is an error that says so.
+    """
+    from .session.messages import STATUS_PREFIX, parse_status
+
+    channel.set_deadline(time.monotonic() + seconds)
+    channel.send_all(offer_line(METHOD))
+    got, buf = bytearray(), bytearray(4096)  # it says nothing more until we speak again
+    try:
+        while b"\n" not in got and len(got) < len(buf):
+            n = channel.recv_into(buf)
+            if not n:
+                break
+            got += buf[:n]
+    except TimeoutError:
+        raise e.RemoteError(
+            f"the receiver did not answer the offer to compress within {seconds:g} s "
+            "(is it sendstream? --compress needs a sendstream receiver)",
+            e.EXIT_IO,
+        ) from None
+    finally:
+        channel.set_deadline(None)
+    line = bytes(got).split(b"\n", 1)[0] + b"\n"
+    if line.startswith(STATUS_PREFIX):
+        code, message = parse_status(line)
+        raise e.RemoteError(
+            f"the receiver refused to take a compressed stream ({message}); "
+            "it may be an older sendstream: send without --compress",
+            code or e.EXIT_IO,
+        )
+    if parse_line(line, "the receiver") == METHOD:
+        channel.compress(tally)
+    else:
+        tally.refused = True

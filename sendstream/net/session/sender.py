@@ -64,6 +64,17 @@ class Backlog:
             skip = max(skip - len(piece), 0)
 
 
+def _unexpected(what: str, sent: int | None = None) -> SessionError:
+    """The receiver stands where this sender cannot follow: ``what`` it says, and what to do."""
+    if sent is None:
+        return SessionError(f"the receiver {what}: use the receiver's latest token")
+    return SessionError(
+        f"the receiver {what} of a transfer and this sender has sent {sent:,}: it is still in an earlier run "
+        "of this transfer (or another one). To continue that run give `--resume TOKEN` (the receiver prints it "
+        "when it stops, and keeps it in FILE.part.resume); to start over, restart the receiver"
+    )
+
+
 class SessionSender:
     """Sends the bytes given to :meth:`write` through sessions that survive drops.
 
@@ -85,9 +96,7 @@ class SessionSender:
         kept: Callable[[Checkpoint], object] | None = None,
     ) -> None:
         self._connect = connect
-        # a receiver that kept an earlier run of this transfer (no token here) says where, with its
-        # ledger there: ``kept(checkpoint)`` checks the stream against it, and the sender skips to it
-        self._kept = kept
+        self._kept = kept  # checks the stream at a receiver's kept checkpoint (no token here); we skip to it
         self.retries = retries
         self.retry_delay = retry_delay
         self.window = max(window, PREFIX_SIZE + PIECE_SIZE)
@@ -316,17 +325,9 @@ class SessionSender:
                 self._skip_to = resume
                 self.acked = verified
             elif self._skip_to and resume < self._skip_to and not self._sessions:
-                raise SessionError(
-                    f"the receiver resumes at offset {resume}, before the token's {self._skip_to}: "
-                    "use the receiver's latest token"
-                )
+                raise _unexpected(f"resumes at offset {resume}, before the token's {self._skip_to}")
             if max(verified, resume) > max(self.written, self._skip_to):
-                raise SessionError(
-                    f"the receiver already has {max(verified, resume):,} bytes of a transfer and this sender has "
-                    f"sent {self.written:,}: it is still in an earlier run of this transfer (or another one). To "
-                    "continue that run give `--resume TOKEN` (the receiver prints it when it stops, and keeps it in "
-                    "FILE.part.resume); to start over, restart the receiver"
-                )
+                raise _unexpected(f"already has {max(verified, resume):,} bytes", self.written)
             self._advance(verified)
             if resume < self._held.base:
                 raise SessionError(

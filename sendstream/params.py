@@ -1,0 +1,51 @@
+"""The command line's own parameter types: sizes (``300M``) and ``zstd[:LEVEL]``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import click
+
+if TYPE_CHECKING:
+    from .net.compression import Tally
+
+
+class ByteSize(click.ParamType):  # type: ignore[type-arg]
+    """A size in bytes: ``123456``, ``300M``, ``1.5G``, ``2TiB`` (K, M, G, T are powers of 1024)."""
+
+    name = "size"
+    _POWERS: ClassVar[dict[str, int]] = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+
+    def __init__(self, minimum: int = 0) -> None:
+        self.minimum = minimum
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower().removesuffix("b").removesuffix("i")
+        unit = text[-1:] if text[-1:].isalpha() else ""
+        try:
+            number = float(text[: len(text) - len(unit)])
+            power = self._POWERS[unit]
+        except (KeyError, ValueError):
+            self.fail(f"expected a size such as 123456, 300M or 1.5G, got {value!r}", param, ctx)
+        size = int(number * 1024**power) if 0 <= number < 1e18 else -1  # not nan, inf or negative
+        if size < self.minimum:
+            self.fail(f"expected a size of at least {self.minimum}, got {value!r}", param, ctx)
+        return size
+
+
+class Compression(click.ParamType):  # type: ignore[type-arg]
+    """``zstd`` or ``zstd:LEVEL``: a new :class:`~sendstream.net.compression.Tally` of that level."""
+
+    name = "compression"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Tally:
+        from .net.compression import Tally, parse_choice
+
+        if isinstance(value, Tally):
+            return value
+        try:
+            return Tally(parse_choice(str(value)))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
