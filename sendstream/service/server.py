@@ -89,9 +89,9 @@ class Service:
         self._lock = threading.Lock()
         self._active: dict[str, set[SessionReceiver]] = {name: set() for name in config.clients}
         self._threads: set[threading.Thread] = set()
-        self._claims: dict[str, str] = {}  # what a running transfer into btrfs makes: subvolume UUIDs and paths
+        self._claims: dict[str, str] = {}  # what running transfers make: subvolume UUIDs, subvolumes, journals
 
-    def run(self, stop: threading.Event, ready: Callable[[], object] | None = None) -> None:
+    def run(self, stop: threading.Event) -> None:
         """Accept and serve until ``stop``; then let running transfers end (at most :data:`DRAIN_SECONDS`)."""
         config = self.config
         for client in config.clients.values():
@@ -108,8 +108,6 @@ class Service:
             )
             listener.serve()
             self.log("listening", address=f"{config.listen.host}:{server.getsockname()[1]}", tls=config.tls)
-            if ready is not None:
-                ready()
             try:
                 while not stop.is_set():
                     opening = listener.next(0.25)
