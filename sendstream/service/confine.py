@@ -113,6 +113,8 @@ class UuidGuard:
                 attrs = split_attributes(view, pos + COMMAND_HEADER_SIZE, end, self._version, self.index, None)
                 self._check(Command(cmd, attrs, version=self._version), self.offset + pos)
             pos += COMMAND_HEADER_SIZE + length
+        if pos != len(view):  # the healer writes whole commands: anything else would go unchecked
+            raise e.UsageError(f"the UUID guard got part of a command at output offset {self.offset + len(view)}")
         self.offset += len(view)
 
     def _check(self, command: Command, offset: int) -> None:
