@@ -459,23 +459,32 @@ def _sender(port: int, tmp_path: Path, stream: Path, *extra: str) -> subprocess.
     return subprocess.Popen([*argv, "--progress", "none", "--resumable", *extra], stderr=subprocess.PIPE)
 
 
-def _journaled(tmp_path: Path) -> int:
-    """How many bytes the service's journal of alpha's transfer holds now (0 when none)."""
-    parts = list((tmp_path / "places" / "alpha").glob(".*.incoming.part"))
-    return parts[0].stat().st_size if parts else 0
+def _big(tmp_path: Path) -> Path:
+    """11 MB of real streams: 5.5 s at 2 MiB/s."""
+    big = tmp_path / "big.stream"
+    big.write_bytes(FULL.read_bytes() * 40)
+    return big
+
+
+def _until_journaled(tmp_path: Path) -> None:
+    """Until the service's journal of alpha's transfer holds 3 MiB, and a checkpoint (every second) is durable."""
+    part = tmp_path / "places" / "alpha"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        parts = list(part.glob(".*.incoming.part"))
+        if parts and parts[0].stat().st_size >= 3 << 20:
+            break
+        time.sleep(0.1)
+    time.sleep(1.5)
 
 
 def test_a_sender_killed_mid_transfer_resumes_without_a_token(tmp_path: Path) -> None:
     port = free_port()
     config = write_config(tmp_path, port, clients=("alpha",))
-    big = tmp_path / "big.stream"
-    big.write_bytes(FULL.read_bytes() * 40)  # 11 MB: 5.5 s at 2 MiB/s
+    big = _big(tmp_path)
     with service(config, port) as proc:
         first = _sender(port, tmp_path, big, "--rate-limit", "2M")
-        deadline = time.monotonic() + 20
-        while _journaled(tmp_path) < 3 << 20 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(1.5)  # a checkpoint is made durable every second
+        _until_journaled(tmp_path)
         first.kill()
         first.wait()
         other = tmp_path / "other.stream"  # its first 64 KiB are big's, so it says it is the same stream
@@ -498,14 +507,10 @@ def test_a_sender_killed_mid_transfer_resumes_without_a_token(tmp_path: Path) ->
 def test_a_killed_service_started_again_takes_its_senders_back(tmp_path: Path) -> None:
     port = free_port()
     config = write_config(tmp_path, port, clients=("alpha",))
-    big = tmp_path / "big.stream"
-    big.write_bytes(FULL.read_bytes() * 40)
+    big = _big(tmp_path)
     with service(config, port) as proc:
         sender = _sender(port, tmp_path, big, "--rate-limit", "2M", "--retries", "20", "--retry-delay", "0.5")
-        deadline = time.monotonic() + 20
-        while _journaled(tmp_path) < 3 << 20 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(1.5)
+        _until_journaled(tmp_path)
         proc.kill()  # SIGKILL: no time to say anything
         proc.wait()
     with service(config, port) as proc:
