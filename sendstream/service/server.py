@@ -302,12 +302,21 @@ def store(
     """
     progress = Progress("received", mode=NONE)
     ledger = Ledger(checkpoint)
+    digest = hashlib.sha256()  # of the whole stream, as it is written (a resumed one: its kept part first)
+
+    def hashed(write: Callable[[Any], object]) -> Callable[[Any], None]:
+        def written(data: Any) -> None:
+            write(data)
+            digest.update(data)
+
+        return written
+
     with OutputDirectory(os.path.join(client.place, "incoming.stream")) as place:
         if session.raw:
             hidden, fd = place.create_temporary(0o600)
             try:
                 with OutputFile(fd, os.path.join(client.place, hidden)) as out:
-                    receive_resumable(session, out.write, progress, ledger=ledger)
+                    receive_resumable(session, hashed(out.write), progress, ledger=ledger)
                     out.fsync()
             except BaseException:
                 place.unlink(hidden)
@@ -317,35 +326,34 @@ def store(
             hidden = incoming_name(session.identity)
             journal = Journal(os.path.join(client.place, hidden), client.key, checkpoint)
             try:
-                receive_resumable(session, journal.write, progress, journal, ledger)
+                if checkpoint is not None:
+                    kept_part, buf = journal.prefix(), bytearray(1 << 20)
+                    while n := kept_part.readinto(buf):
+                        digest.update(memoryview(buf)[:n])
+                receive_resumable(session, hashed(journal.write), progress, journal, ledger)
                 journal.finish()
             except BaseException:
                 journal.close()  # its part and state stay, for the next run of this transfer
                 raise
         try:
-            return _named(place, hidden, client, peer, ledger)
+            return _named(place, hidden, client, peer, ledger, digest.hexdigest())
         except BaseException:
             place.unlink(hidden)
             raise
 
 
 def _named(
-    place: OutputDirectory, hidden: str, client: Client, peer: str, ledger: Ledger
+    place: OutputDirectory, hidden: str, client: Client, peer: str, ledger: Ledger, sha256: str
 ) -> tuple[str, int, tuple[str, ...]]:
-    """Give the whole stream in ``hidden`` its name, with its manifest beside it (durable before the sender
-    hears success); its name, size and snapshot."""
+    """Give the whole stream in ``hidden`` (``sha256`` its digest) its name, with its manifest beside it
+    (durable before the sender hears success); its name, size and snapshot."""
     fd = place.open_ours(hidden, os.O_RDONLY)
     try:
-        digest, size, prefix = hashlib.sha256(), 0, b""
-        while chunk := os.read(fd, 1 << 20):
-            digest.update(chunk)
-            size += len(chunk)
-            if len(prefix) < PREFIX_SIZE:
-                prefix += chunk[: PREFIX_SIZE - len(prefix)]
+        size, prefix = os.fstat(fd).st_size, os.pread(fd, PREFIX_SIZE, 0)  # the prefix says what it is
         identity = stream_identity(prefix)
         name = stream_name(identity)
         record = manifest(
-            identity, size=size, sha256=digest.hexdigest(), commands=ledger.commands, ledger=ledger.digest(),
+            identity, size=size, sha256=sha256, commands=ledger.commands, ledger=ledger.digest(),
             client=client.identity, peer=peer,
         )  # fmt: skip
         place.replace(hidden, name, fd)
