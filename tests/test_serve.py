@@ -466,9 +466,10 @@ def _big(tmp_path: Path) -> Path:
     return big
 
 
-def _until_journaled(tmp_path: Path) -> None:
-    """Until the service's journal of alpha's transfer holds 3 MiB, and a checkpoint (every second) is durable."""
-    part = tmp_path / "places" / "alpha"
+def _until_journaled(place: Path) -> None:
+    """Until the service's journal of the transfer into ``place`` holds 3 MiB, and a checkpoint (every
+    second) is durable."""
+    part = place
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         parts = list(part.glob(".*.incoming.part"))
@@ -484,7 +485,7 @@ def test_a_sender_killed_mid_transfer_resumes_without_a_token(tmp_path: Path) ->
     big = _big(tmp_path)
     with service(config, port) as proc:
         first = _sender(port, tmp_path, big, "--rate-limit", "2M")
-        _until_journaled(tmp_path)
+        _until_journaled(tmp_path / "places" / "alpha")
         first.kill()
         first.wait()
         other = tmp_path / "other.stream"  # its first 64 KiB are big's, so it says it is the same stream
@@ -510,7 +511,7 @@ def test_a_killed_service_started_again_takes_its_senders_back(tmp_path: Path) -
     big = _big(tmp_path)
     with service(config, port) as proc:
         sender = _sender(port, tmp_path, big, "--rate-limit", "2M", "--retries", "20", "--retry-delay", "0.5")
-        _until_journaled(tmp_path)
+        _until_journaled(tmp_path / "places" / "alpha")
         proc.kill()  # SIGKILL: no time to say anything
         proc.wait()
     with service(config, port) as proc:
@@ -520,3 +521,55 @@ def test_a_killed_service_started_again_takes_its_senders_back(tmp_path: Path) -
     assert stored(tmp_path, "alpha")[name_of(big)] == big.read_bytes()
     transfer = next(e for e in events(proc) if e["event"] == "transfer")
     assert 2 << 20 < int(transfer["resumed"]) < big.stat().st_size  # type: ignore[call-overload]
+
+
+@pytest.mark.btrfs
+def test_a_killed_service_resumes_into_btrfs_receive(tmp_path: Path) -> None:
+    """The subvolume the killed run began is deleted, the kept part given to btrfs receive again, and the
+    sender goes on from its checkpoint: the snapshot is the one a direct transfer gives, and its child too."""
+    need_root_btrfs()
+    streams = tmp_path / "full.stream", tmp_path / "incr.stream"
+    with btrfs_loop("256M") as src:
+        subprocess.run(["btrfs", "-q", "subvolume", "create", str(src / "vol")], check=True)
+        for i in range(6):
+            (src / "vol" / f"f{i}").write_bytes(os.urandom(2 << 20))
+        subprocess.run(["btrfs", "-q", "subvolume", "snapshot", "-r", str(src / "vol"), str(src / "one")], check=True)
+        (src / "vol" / "f0").write_bytes(b"changed")
+        subprocess.run(["btrfs", "-q", "subvolume", "snapshot", "-r", str(src / "vol"), str(src / "two")], check=True)
+        subprocess.run(["btrfs", "send", "-q", "-f", str(streams[0]), str(src / "one")], check=True)
+        subprocess.run(
+            ["btrfs", "send", "-q", "-p", str(src / "one"), "-f", str(streams[1]), str(src / "two")], check=True
+        )
+    with btrfs_loop("512M") as mnt:
+        (mnt / "alpha").mkdir()
+        (mnt / "direct").mkdir()
+        port = free_port()
+        (tmp_path / "keys").mkdir()
+        key_file(tmp_path / "keys" / "alpha.key")
+        config = tmp_path / "serve.toml"
+        config.write_text(
+            f'listen = "127.0.0.1:{port}"\n[clients.alpha]\nkey = "keys/alpha.key"\nreceive = "{mnt / "alpha"}"\n'
+        )
+        with service(config, port) as proc:
+            sender = _sender(
+                port, tmp_path, streams[0], "--rate-limit", "2M", "--retries", "20", "--retry-delay", "0.5"
+            )
+            _until_journaled(mnt / "alpha")
+            proc.kill()
+            proc.wait()
+        assert _received_uuid(mnt / "alpha" / "one") == "-"  # the killed run's, unfinished
+        with service(config, port) as proc:
+            _, err = sender.communicate(timeout=60)
+            child = send(port, tmp_path, "alpha", streams[1])
+        for stream in streams:
+            subprocess.run(
+                ["btrfs", "receive", "-f", str(stream), str(mnt / "direct")], capture_output=True, check=True
+            )
+        assert sender.returncode == 0 and b"resumed after 1 drop" in err, err
+        assert child.returncode == 0, child.stderr
+        for sub in ("one", "two"):
+            assert differences(mnt / "direct" / sub, mnt / "alpha" / sub) == []
+            assert _received_uuid(mnt / "alpha" / sub) == _received_uuid(mnt / "direct" / sub) != "-"
+        assert sorted(os.listdir(mnt / "alpha")) == ["one", "two"]  # no journal left
+        transfer = next(e for e in events(proc) if e["event"] == "transfer")
+        assert 2 << 20 < int(transfer["resumed"]) < streams[0].stat().st_size  # type: ignore[call-overload]

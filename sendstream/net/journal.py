@@ -36,8 +36,10 @@ CHECKPOINT_BYTES = 16 << 20  # durable at least this often: well inside the send
 CHECKPOINT_SECONDS = 1.0
 
 
-def after(offset: int, write: Callable[[Any], object]) -> Callable[[Any], None]:
-    """``write`` for the bytes from stream offset ``offset`` on; earlier ones are dropped."""
+def after(
+    offset: int, write: Callable[[Any], object], before: Callable[[Any], object] | None = None
+) -> Callable[[Any], None]:
+    """``write`` for the bytes from stream offset ``offset`` on; earlier ones go to ``before``, or are dropped."""
     position = 0
 
     def gate(data: Any) -> None:
@@ -45,9 +47,13 @@ def after(offset: int, write: Callable[[Any], object]) -> Callable[[Any], None]:
         n = len(data)
         if position + n <= offset:
             position += n
+            if before is not None:
+                before(data)
             return
         skip = max(0, offset - position)
         position += n
+        if skip and before is not None:
+            before(memoryview(data)[:skip])
         write(memoryview(data)[skip:] if skip else data)
 
     return gate
@@ -188,6 +194,15 @@ class Journal:
         self._raw.fsync()
         self._dir.replace(self._part_name, self._dir.name, self._raw.fileno())
         self.file.close()
+        self._dir.unlink(self._state_name)
+        self._dir.sync()
+        self._dir.close()
+
+    def discard(self) -> None:
+        """The whole stream went where it goes: the part and the state are not needed any more."""
+        self._settle()
+        self.file.close()
+        self._dir.unlink(self._part_name)
         self._dir.unlink(self._state_name)
         self._dir.sync()
         self._dir.close()

@@ -91,13 +91,15 @@ def receive_resumable(
     progress: Progress,
     journal: Journal | None = None,
     ledger: Ledger | None = None,
+    replay: Callable[[Any], object] | None = None,
 ) -> Summary:
     """Receive through a :class:`~sendstream.session.SessionReceiver`: check every command, write only checked ones.
 
     With a ``journal`` the output is made durable at checkpoints; a resumed
-    journal's kept prefix is checked again first, and the session's bytes
-    follow it. A ``ledger`` (the journal's own, when there is one) digests
-    every command written.
+    journal's kept prefix is checked again first (and given to ``replay``,
+    when its reader has to see it again), and the session's bytes follow it.
+    A ``ledger`` (the journal's own, when there is one) digests every
+    command written.
     """
     from ..ops.ledger import Ledger
 
@@ -111,7 +113,7 @@ def receive_resumable(
         journaled = ledger = ledger or Ledger(journal.checkpoint)
         session.checkpoint = lambda offset: journal.commit(offset, session.identity, journaled)
         if journal.checkpoint is not None:
-            source, out = Chain(journal.prefix(), session), after(journal.offset, counted)
+            source, out = Chain(journal.prefix(), session), after(journal.offset, counted, replay)
     healer = Healer(out, ledger=ledger)
     session.progress = progress.add
     for event in file_events(source, Framer(), healer.batch):

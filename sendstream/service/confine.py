@@ -67,6 +67,19 @@ def subvolumes(place: str) -> tuple[set[uuid.UUID], set[uuid.UUID]]:
     return own, foreign
 
 
+def leftover(path: str, subvolume: uuid.UUID) -> bool:
+    """Whether ``path`` is a subvolume that a cut ``btrfs receive`` of ``subvolume`` left: begun and not
+    finished (writable, no received UUID), or finished as that one (its received UUID)."""
+    shown = subprocess.run(["btrfs", "subvolume", "show", path], capture_output=True, text=True, check=False)
+    if shown.returncode != 0:
+        return False
+    fields = dict(line.strip().split(":", 1) for line in shown.stdout.splitlines() if ":" in line)
+    received, flags = fields.get("Received UUID", "").strip(), fields.get("Flags", "").strip()
+    if received == "-":
+        return "readonly" not in flags
+    return received == str(subvolume)
+
+
 def _root_id(path: str) -> int:
     """The subvolume ID of the subvolume whose root is ``path`` (as ``btrfs inspect-internal rootid``)."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)

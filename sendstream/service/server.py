@@ -44,7 +44,7 @@ from ..ops.identity import first_command, stream_identity
 from ..ops.ledger import Checkpoint, Ledger
 from ..ops.stored import manifest, stream_name
 from .config import Client, Config
-from .confine import UuidGuard, subvolumes
+from .confine import UuidGuard, leftover, subvolumes
 from .held import held
 from .metrics import Metrics, NoMetrics
 
@@ -188,7 +188,7 @@ class Service:
         claims: list[str] = []
         try:
             checkpoint = None
-            if not client.receive and opening.identity is not None:
+            if opening.identity is not None:
                 journal = os.path.join(client.place, incoming_name(opening.identity))
                 self._hold([f"path {journal}"], claims, client)
                 checkpoint = kept(journal, client.key, opening.identity)
@@ -206,7 +206,7 @@ class Service:
             if client.receive:
                 child = {"say": lambda line: self.log("btrfs-receive", **fields, line=line)}
                 name, size, names = receive_into(
-                    session, client, lambda *what: self._claim(client, claims, *what), **child
+                    session, client, lambda *what: self._claim(client, claims, *what), checkpoint, **child
                 )
             else:
                 name, size, names = store(session, client, opening.peer, checkpoint)
@@ -378,18 +378,33 @@ def receive_into(
     session: SessionReceiver,
     client: Client,
     claim: Callable[[uuid.UUID, str], object],
-    say: Callable[[str], object],
+    checkpoint: Checkpoint | None = None,
+    say: Callable[[str], object] = lambda line: None,
 ) -> tuple[str, int, tuple[str, ...]]:
     """Check the stream of ``session`` and give it to ``btrfs receive`` in ``client``'s place, its UUIDs
     confined (:class:`~sendstream.service.confine.UuidGuard`); the subvolumes made, and the size. What
     ``btrfs receive`` writes on stderr goes to ``say``, line by line.
 
-    On any failure the subvolumes this transfer began are deleted again.
+    A session's stream is journaled as :func:`store` journals it, so that the same stream sent again
+    continues from ``checkpoint``: ``btrfs receive`` cannot continue what an earlier run began, so the
+    subvolumes that run left are deleted and the kept part is given to a new ``btrfs receive`` again
+    before the session's bytes. On any failure the subvolumes this run began are deleted; the journal stays.
     """
     own, foreign = subvolumes(client.place)
     made: list[str] = []
+    journal, again = None, False
+    if not session.raw:
+        assert session.identity is not None
+        path = os.path.join(client.place, incoming_name(session.identity))
+        again = os.path.lexists(path + PART_SUFFIX)  # an earlier run of this stream was cut
+        journal = Journal(path, client.key, checkpoint)
 
     def claimed(subvolume: uuid.UUID, name: str) -> None:
+        path = os.path.join(client.place, name)
+        # what an earlier run began from the kept part (or, cut before its first checkpoint, its first)
+        earlier = journal is not None and (guard.offset < journal.offset or (again and not made))
+        if earlier and leftover(path, subvolume):
+            _delete_subvolume(path)
         claim(subvolume, name)
         made.append(name)
 
@@ -398,16 +413,25 @@ def receive_into(
     try:
         with ChildSink(command, stderr=say) as child:
 
-            def write(data: Any) -> None:
+            def replay(data: Any) -> None:
                 guard(data)
                 child.write(data)
 
+            def write(data: Any) -> None:
+                replay(data)
+                if journal is not None:
+                    journal.write(data)
+
             session.flush = child.flush
-            summary = receive_resumable(session, write, Progress("received", mode=NONE))
+            summary = receive_resumable(session, write, Progress("received", mode=NONE), journal, replay=replay)
     except BaseException:
+        if journal is not None:
+            journal.close()
         for name in made:
             _delete_subvolume(os.path.join(client.place, name))
         raise
+    if journal is not None:
+        journal.discard()
     return ", ".join(made), summary.bytes, tuple(made)
 
 
