@@ -14,6 +14,7 @@ import click
 
 from . import __version__
 from .admin import key, man, serve
+from .archives import archive, endpoint_option, restore, verify_archive
 from .codec.crc import IMPLEMENTATION
 from .codec.native import PATH
 from .format.layout import MAX_VERSION
@@ -76,6 +77,10 @@ def dump(stream: str, **options: Any) -> None:
 @summary_option
 @verbose_option("Say which verifier and CRC implementation ran.")
 @max_size_option
+@endpoint_option
+@click.option(
+    "--workers", type=click.IntRange(1), default=None, help="For s3://: streams checked at once (every core)."
+)
 def verify(
     stream: str,
     keep_going: bool,
@@ -86,10 +91,20 @@ def verify(
     quiet: bool,
     verbose: bool,
     max_command_size: int | None,
+    endpoint_url: str | None,
+    workers: int | None,
 ) -> None:
-    """Check STREAM (a file or -): framing, CRCs, commands, attributes, END."""
+    """Check STREAM (a file or -): framing, CRCs, commands, attributes, END.
+
+    STREAM may be s3://BUCKET/PREFIX: every stream archived there is checked
+    in place (ranged GETs, no local copy), many at once, each against its
+    manifest; a line for each, and exit 1 when any is bad.
+    """
     if verbose:
         click.echo(f"sendstream: verifier: {PATH}; crc32c: {IMPLEMENTATION}", err=True)
+    if stream.startswith("s3://"):
+        verify_archive(stream, endpoint_url, workers, quiet)
+        return
     if scan:
         headers = list(find_headers(stream))
         for offset, version in headers:
@@ -262,6 +277,8 @@ cli.add_command(relay)
 cli.add_command(key)
 cli.add_command(man)
 cli.add_command(serve)
+cli.add_command(restore)
+cli.add_command(archive)
 
 
 def main(argv: list[str] | None = None) -> int:

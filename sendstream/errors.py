@@ -272,6 +272,12 @@ class TruncatedStream(FormatError):
     kind = "truncated stream"
 
 
+class ManifestMismatch(FormatError):
+    """A stored stream checks clean command by command, but is not what its manifest says it is."""
+
+    kind = "differs from its manifest"
+
+
 class DowngradeError(FormatError):
     """A command that cannot be expressed in v1 (encrypted data, bad compressed data)."""
 
@@ -289,6 +295,16 @@ class ResumeError(SendStreamError):
     """A resume token or resume state that cannot be used."""
 
     exit_code = EXIT_USAGE
+
+
+class StoreError(SendStreamError):
+    """An object store refused or failed a request; names the object (``s3://BUCKET/KEY``) and why."""
+
+    exit_code = EXIT_IO
+
+    def __init__(self, where: str, reason: str) -> None:
+        self.where, self.reason = where, reason
+        super().__init__(f"{where}: {reason}")
 
 
 # --- extraction ---------------------------------------------------------------------------------------------------

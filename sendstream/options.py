@@ -126,6 +126,13 @@ progress_options = grouped(
 to_option = click.option(
     "--to", "target", required=True, metavar="HOST:PORT", help="Where a `sendstream receive` listens."
 )
+send_to_option = click.option(
+    "--to",
+    "target",
+    required=True,
+    metavar="HOST:PORT|s3://BUCKET/PREFIX",
+    help="Where a `sendstream receive` or `serve` listens, or an archive in object storage.",
+)
 send_options = options(
     click.option(
         "--resume",

@@ -9,6 +9,7 @@ import click
 
 from . import errors as e
 from .admin import list_held
+from .archives import endpoint_option
 from .io.windows import open_input
 from .options import (
     ListenOptions,
@@ -23,6 +24,7 @@ from .options import (
     relay_listen_option,
     resume_option,
     send_options,
+    send_to_option,
     sender_options,
     stream_argument,
     tls_options,
@@ -37,12 +39,13 @@ if TYPE_CHECKING:
 
 
 @click.command(cls=Group.command_class)
-@to_option
+@send_to_option
 @stream_argument
 @tls_options()
 @sender_options
 @send_options
 @progress_options
+@endpoint_option
 @verbose_option("Say which TLS path each direction uses (with why kTLS is off), and every reconnect.")
 def send(
     target: str,
@@ -55,6 +58,7 @@ def send(
     listing: bool,
     as_json: bool,
     show: ProgressOptions,
+    endpoint_url: str | None,
     verbose: bool,
 ) -> None:
     """Check, heal and send STREAM (a file or -, e.g. from `btrfs send`) to HOST:PORT.
@@ -69,11 +73,20 @@ def send(
     checked against the token up to the token's offset, and only the rest
     is sent.
 
+    To s3://BUCKET/PREFIX the stream is archived in object storage, named by
+    what it is, in parts that end on command boundaries, with its manifest
+    (`sendstream archive ls`, `restore`, `verify s3://...`).
+
     With --list nothing is sent: a `sendstream serve` says which snapshots
     it holds for this client (its own only), to pick the next parent from.
     """
     from .net.sending import send as send_stream
 
+    if target.startswith("s3://"):
+        from .archives import send_to_archive
+
+        send_to_archive(target, stream, endpoint_url, None, show.quiet)
+        return
     if listing:
         list_held(sending.connector(target, tls, tls.key(), logger(verbose)), as_json)
         return

@@ -4,8 +4,8 @@ A full stream of subvolume U at ctransid N is ``U.N.stream``; an
 incremental one from parent P at M is ``U.N.from.P.M.stream``. Its manifest,
 ``NAME.json``, holds the stream's identity, size, SHA-256, command count,
 version and ledger (:mod:`sendstream.ops.ledger`), when it was stored and
-from whom. The service stores streams this way; so will an archive in
-object storage.
+from whom. The service stores streams this way, and the archive in object
+storage (:mod:`sendstream.archive`).
 """
 
 from __future__ import annotations
@@ -38,10 +38,9 @@ def stream_name(identity: dict[str, Any]) -> str:
     return name + ".stream"
 
 
-def manifest(
-    identity: dict[str, Any], *, size: int, sha256: str, commands: int, ledger: str, client: str, peer: str
-) -> bytes:
-    """The manifest of a stored stream, as JSON (one object, keys sorted, a newline at the end)."""
+def manifest(identity: dict[str, Any], *, size: int, sha256: str, commands: int, ledger: str, **more: Any) -> bytes:
+    """The manifest of a stored stream, as JSON (one object, keys sorted, a newline at the end); ``more``
+    says where it came from (the service: ``client``, ``peer``; an archive: ``host``, ``objects``)."""
     body = {
         "format": MANIFEST_FORMAT,
         "stream": identity,
@@ -51,7 +50,6 @@ def manifest(
         "version": identity.get("version"),
         "ledger": ledger,
         "stored": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "client": client,
-        "peer": peer,
+        **more,
     }
     return json.dumps(body, sort_keys=True, indent=1).encode() + b"\n"

@@ -1,0 +1,151 @@
+"""What an archive holds: its manifests, and the chains they make (a full stream, then its incrementals).
+
+An incremental stream names its parent by the parent's UUID and ctransid
+(the ``snapshot`` command's clone UUID and ctransid); the stream that
+archived that parent has the same UUID and ctransid. Only manifests
+directly under the prefix count, and each is read with a bounded size and
+depth, as any input is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from .. import errors as e
+from ..ops.identity import checked_integer, load_json
+from ..ops.stored import MANIFEST_FORMAT
+from .store import Location, calling
+
+MANIFEST_SUFFIX = ".stream.json"
+MAX_MANIFEST = 1 << 20
+_READERS = 8
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One archived stream, as its manifest says."""
+
+    name: str  # UUID.CTRANSID[.from.PARENT.CTRANSID].stream
+    uuid: str
+    ctransid: int
+    parent: tuple[str, int] | None
+    snapshot: str
+    size: int
+    stored: str
+    sha256: str
+    commands: int
+    ledger: str
+    objects: tuple[tuple[str, int], ...]  # names under the prefix, and sizes, in order
+
+    @property
+    def ident(self) -> tuple[str, int]:
+        return self.uuid, self.ctransid
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "uuid": self.uuid,
+            "ctransid": self.ctransid,
+            "parent": list(self.parent) if self.parent else None,
+            "snapshot": self.snapshot,
+            "size": self.size,
+            "stored": self.stored,
+        }
+
+
+def entries(s3: Any, location: Location) -> list[Entry]:
+    """Every stream archived directly under ``location``, by name."""
+    names = []
+    with calling(location.url()):
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=location.bucket, Prefix=location.prefix)
+        for page in pages:
+            for item in page.get("Contents", []):
+                name = item["Key"][len(location.prefix) :]
+                if "/" not in name and name.endswith(MANIFEST_SUFFIX):
+                    names.append(name)
+    with ThreadPoolExecutor(_READERS) as pool:
+        found = list(pool.map(lambda name: read_manifest(s3, location, name), sorted(names)))
+    return found
+
+
+def read_manifest(s3: Any, location: Location, name: str) -> Entry:
+    """The manifest ``name`` (``NAME.stream.json``) under ``location``."""
+    url = location.url(name)
+    with calling(url):
+        body = s3.get_object(Bucket=location.bucket, Key=location.key(name), Range=f"bytes=0-{MAX_MANIFEST}")["Body"]
+        raw = body.read(MAX_MANIFEST + 1)
+    if len(raw) > MAX_MANIFEST:
+        raise e.StoreError(url, f"a manifest of more than {MAX_MANIFEST} bytes: not one of ours")
+    try:
+        return _entry(load_json(raw, "the manifest"), name[: -len(".json")])
+    except (e.SessionError, KeyError, TypeError, ValueError) as exc:
+        raise e.StoreError(url, f"not a sendstream manifest ({exc})") from None
+
+
+def _entry(body: Any, name: str) -> Entry:
+    if body.get("format") != MANIFEST_FORMAT:
+        raise ValueError(f"format {body.get('format')!r}, not {MANIFEST_FORMAT!r}")
+    stream = body["stream"]
+    parent = None
+    if stream.get("parent_uuid") is not None:
+        parent = str(stream["parent_uuid"]), checked_integer(stream["parent_ctransid"], "parent_ctransid")
+    objects = tuple((str(o["key"]), checked_integer(o["size"], "an object's size")) for o in body["objects"])
+    if any("/" in key for key, _ in objects):
+        raise ValueError("an object outside the prefix")
+    return Entry(
+        name=name,
+        uuid=str(stream["uuid"]),
+        ctransid=checked_integer(stream["ctransid"], "ctransid"),
+        parent=parent,
+        snapshot=str(body.get("snapshot", "")),
+        size=checked_integer(body["size"], "size"),
+        stored=str(body["stored"]),
+        sha256=str(body["sha256"]),
+        commands=checked_integer(body["commands"], "commands"),
+        ledger=str(body["ledger"]),
+        objects=objects,
+    )
+
+
+def chains(found: list[Entry]) -> list[list[tuple[int, Entry]]]:
+    """The archive as trees: each starts at a full stream (or at one whose parent is not archived) and
+    holds ``(depth, entry)``, children after their parent, oldest first."""
+    by_ident = {entry.ident: entry for entry in found}
+    children: dict[tuple[str, int], list[Entry]] = {}
+    roots = []
+    for entry in sorted(found, key=lambda x: (x.ctransid, x.name)):
+        if entry.parent is not None and entry.parent in by_ident:
+            children.setdefault(entry.parent, []).append(entry)
+        else:
+            roots.append(entry)
+
+    def walk(entry: Entry, depth: int) -> Iterator[tuple[int, Entry]]:
+        yield depth, entry
+        for child in children.get(entry.ident, []):
+            yield from walk(child, depth + 1)
+
+    return [list(walk(root, 0)) for root in roots]
+
+
+def chain_to(found: list[Entry], subvolume: str, location: Location) -> list[Entry]:
+    """The streams that make snapshot ``subvolume`` (a UUID, or ``UUID.CTRANSID``), full stream first."""
+    uuid, _, ctransid = subvolume.partition(".")
+    matches = [x for x in found if x.uuid == uuid and (not ctransid or str(x.ctransid) == ctransid)]
+    if not matches:
+        raise e.UsageError(f"{location.url()}: no archived stream makes snapshot {subvolume}")
+    by_ident = {entry.ident: entry for entry in found}
+    chain = [max(matches, key=lambda x: x.ctransid)]
+    while chain[-1].parent is not None:
+        parent = chain[-1].parent
+        if parent not in by_ident:
+            raise e.UsageError(
+                f"{location.url()}: the chain of {subvolume} is broken: {chain[-1].name} needs its parent "
+                f"{parent[0]} at ctransid {parent[1]}, which is not archived"
+            )
+        if len(chain) > len(found):
+            raise e.UsageError(f"{location.url()}: the chain of {subvolume} goes round in a circle")
+        chain.append(by_ident[parent])
+    return chain[::-1]

@@ -1,0 +1,88 @@
+"""Where an archive lives (``s3://BUCKET/PREFIX``) and the client that reaches it.
+
+Credentials and the endpoint come the way the AWS tools find them (boto3's
+chain: ``AWS_ACCESS_KEY_ID`` and the other environment variables, the
+config and credentials files, ``AWS_PROFILE``, ``AWS_ENDPOINT_URL``), or
+``--endpoint-url``; so AWS S3, MinIO, Ceph RGW and SeaweedFS all work.
+Every failure of the store becomes a :class:`~sendstream.errors.StoreError`
+that names the object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .. import errors as e
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+POOL = 16  # connections kept per client: the parts in flight, and readers ahead
+
+
+@dataclass(frozen=True)
+class Location:
+    """A bucket, and a prefix in it ("" or ending in ``/``)."""
+
+    bucket: str
+    prefix: str = ""
+
+    @classmethod
+    def parse(cls, url: str) -> Location:
+        """``s3://BUCKET`` or ``s3://BUCKET/PREFIX``."""
+        if not url.startswith("s3://"):
+            raise e.UsageError(f"{url!r} is not an s3://BUCKET/PREFIX address")
+        bucket, _, prefix = url[5:].partition("/")
+        if not _BUCKET.match(bucket):
+            raise e.UsageError(f"{url!r}: {bucket!r} is not a bucket name (3-63 of a-z, 0-9, '.', '-')")
+        prefix = prefix.strip("/")
+        return cls(bucket, prefix + "/" if prefix else "")
+
+    def key(self, name: str) -> str:
+        return self.prefix + name
+
+    def url(self, name: str = "") -> str:
+        return f"s3://{self.bucket}/{self.key(name)}"
+
+    def last(self) -> tuple[Location, str]:
+        """This location's parent, and its last component (``s3://b/p/NAME``: ``s3://b/p``, ``NAME``)."""
+        head, _, tail = self.prefix.rstrip("/").rpartition("/")
+        return Location(self.bucket, head + "/" if head else ""), tail
+
+
+def connect(endpoint_url: str | None = None) -> Any:
+    """An S3 client from boto3's chain of credentials and endpoints (``endpoint_url`` first, if given)."""
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError:
+        raise e.UsageError("s3:// needs boto3: pip install 'sendstream[s3]'") from None
+    config = Config(max_pool_connections=POOL, retries={"max_attempts": 5, "mode": "standard"})
+    with calling("s3://"):
+        return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+
+
+@contextlib.contextmanager
+def calling(where: str) -> Iterator[None]:
+    """Turn what the S3 client raises into a :class:`~sendstream.errors.StoreError` naming ``where``."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        code, message = error.get("Code", "?"), error.get("Message", "")
+        raise e.StoreError(
+            where, f"{exc.operation_name} failed: {code}" + (f" ({message})" if message else "")
+        ) from None
+    except BotoCoreError as exc:
+        raise e.StoreError(where, str(exc)) from None
+
+
+def missing(exc: BaseException) -> bool:
+    """Whether a store error says the object or key is not there."""
+    return isinstance(exc, e.StoreError) and any(
+        code in exc.reason for code in ("NoSuchKey", "404", "Not Found", "NoSuchUpload")
+    )

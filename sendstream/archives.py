@@ -1,0 +1,118 @@
+"""The commands of an archive in object storage: ``restore``, ``archive ls`` (``send --to s3://`` and
+``verify s3://`` are the ``send`` and ``verify`` commands')."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import click
+
+from . import errors as e
+from .terminal import Group, warner
+
+if TYPE_CHECKING:
+    from .archive.store import Location
+
+endpoint_option = click.option(
+    "--endpoint-url",
+    metavar="URL",
+    default=None,
+    help="The S3 endpoint (default: AWS_ENDPOINT_URL or the AWS config, else AWS S3).",
+)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    raise AssertionError
+
+
+def where(url: str, endpoint_url: str | None) -> tuple[Location, object]:
+    """The location of ``url`` and a client for it."""
+    from .archive.store import Location, connect
+
+    return Location.parse(url), connect(endpoint_url)
+
+
+def send_to_archive(url: str, stream: str, endpoint_url: str | None, max_command_size: int | None, quiet: bool) -> None:
+    """``send --to s3://...``: archive STREAM there."""
+    from .archive.upload import upload
+
+    location, s3 = where(url, endpoint_url)
+    done = upload(stream, location, s3, max_command_size=max_command_size, warn=warner())
+    if not quiet:
+        objects = f" in {len(done.objects)} objects" if len(done.objects) > 1 else ""
+        healed = f", {done.restarts} restarts healed" if done.restarts else ""
+        click.echo(
+            f"sendstream: archived {done.url}: {done.size} bytes{objects}, {done.commands} commands{healed}", err=True
+        )
+
+
+def verify_archive(url: str, endpoint_url: str | None, workers: int | None, quiet: bool) -> None:
+    """``verify s3://...``: every archived stream checked in place; a line for each."""
+    from .archive.reading import verify
+
+    location, s3 = where(url, endpoint_url)
+    bad = count = 0
+    for verdict in verify(s3, location, endpoint_url, workers):
+        count += 1
+        bad += verdict.problem is not None
+        click.echo(f"{verdict.name}: {verdict.problem or 'ok'}")
+    if not quiet:
+        click.echo(f"sendstream: {count} stream{'s' * (count != 1)} checked, {bad} bad", err=True)
+    if bad:
+        raise SystemExit(e.EXIT_CORRUPT)
+
+
+@click.command(cls=Group.command_class)
+@click.argument("url", metavar="s3://BUCKET/PREFIX/SUBVOLUME-UUID")
+@click.option("-o", "--output", default=None, metavar="FILE", help="Write the streams to FILE (- for stdout).")
+@click.option("--exec", "command", default=None, metavar="CMD", help="Write the streams to the stdin of CMD (sh -c).")
+@endpoint_option
+def restore(url: str, output: str | None, command: str | None, endpoint_url: str | None) -> None:
+    """Hand on the full stream and every incremental up to snapshot SUBVOLUME-UUID, in order.
+
+    Each stream is read in place with ranged GETs and every command is
+    checked before it goes on; then the stream is held to its manifest.
+    `--exec 'btrfs receive DIR'` receives the whole chain.
+    """
+    from .archive.reading import restore as restore_chain
+    from .net.sinks import Target
+
+    location, s3 = where(url, endpoint_url)
+    held, subvolume = location.last()
+    if not subvolume:
+        raise e.UsageError(f"{url!r} names no snapshot: s3://BUCKET/PREFIX/SUBVOLUME-UUID")
+    target = Target(output or (None if command else "-"), command, encrypted=False)
+    with target.sink(True, None, None, notify=warner()) as sink:
+        chain = restore_chain(s3, held, subvolume, sink.write)
+    names = ", ".join(entry.name for entry in chain)
+    click.echo(f"sendstream: restored {len(chain)} stream{'s' * (len(chain) != 1)}: {names}", err=True)
+
+
+@click.group(cls=Group)
+def archive() -> None:
+    """What an archive in object storage (s3://BUCKET/PREFIX) holds."""
+
+
+@archive.command("ls")
+@click.argument("url", metavar="s3://BUCKET/PREFIX")
+@click.option("--json", "as_json", is_flag=True, help="JSON: a list of chains, each a list of streams.")
+@endpoint_option
+def archive_ls(url: str, as_json: bool, endpoint_url: str | None) -> None:
+    """The snapshots archived, as chains: a full stream, then the incrementals that build on it."""
+    from .archive.catalog import chains, entries
+
+    location, s3 = where(url, endpoint_url)
+    trees = chains(entries(s3, location))
+    if as_json:
+        click.echo(json.dumps([[dict(x.summary(), depth=d) for d, x in tree] for tree in trees], indent=1))
+        return
+    for tree in trees:
+        for depth, entry in tree:
+            kind = "full" if entry.parent is None else ("incremental" if depth else "incremental, parent missing")
+            line = f"{'  ' * depth}{entry.uuid}.{entry.ctransid}  {kind}  {_size(entry.size)}  {entry.stored}"
+            click.echo(line + (f"  {entry.snapshot}" if entry.snapshot else ""))

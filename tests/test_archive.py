@@ -1,0 +1,231 @@
+"""Streams in object storage: ``send --to s3://``, ``archive ls``, ``restore``, ``verify s3://``, against a
+real S3 server (SeaweedFS)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.btrfs import need_root_btrfs
+from support.loopfs import btrfs_loop
+from support.net import CMD
+from support.s3 import Store, seaweedfs
+from support.streams import STREAMS, boundaries
+from support.trees import differences
+
+from sendstream.archive.catalog import entries
+from sendstream.archive.reading import check
+from sendstream.archive.store import Location
+from sendstream.archive.upload import upload
+from sendstream.ops.identity import stream_identity
+from sendstream.ops.stored import stream_name
+
+FULL = next(p for p in STREAMS if p.name == "rich-full-v2.stream")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    with seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as running:
+        yield running
+
+
+def run(store: Store, *args: str, data: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([*CMD, *args], input=data, capture_output=True, env=store.env, timeout=300)
+
+
+def name_of(data: bytes) -> str:
+    return stream_name(stream_identity(data[: 64 << 10]))
+
+
+def test_every_fixture_goes_there_and_back_byte_for_byte(store: Store) -> None:
+    bucket, client = store.bucket(), store.client()
+    for path in STREAMS:
+        sent = run(store, "send", "--to", f"s3://{bucket}/{path.stem}", str(path))
+        assert sent.returncode == 0, (path.name, sent.stderr)
+        assert f"archived s3://{bucket}/{path.stem}/{name_of(path.read_bytes())}".encode() in sent.stderr
+        location = Location(bucket, f"{path.stem}/")
+        (entry,) = entries(client, location)
+        back = bytearray()
+        check(client, location, entry, back.extend)  # what restore hands on, stream by stream
+        assert back == path.read_bytes(), path.name
+    key = f"rich-full-v2/{name_of(FULL.read_bytes())}.json"
+    note = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    data = FULL.read_bytes()
+    assert note["size"] == len(data) and note["sha256"] == hashlib.sha256(data).hexdigest()
+    assert note["snapshot"] == "rich_base" and note["stream"]["uuid"] == stream_identity(data)["uuid"]
+    assert note["objects"] == [{"key": name_of(data), "size": len(data)}]
+    back = run(store, "restore", f"s3://{bucket}/rich-full-v2/{stream_identity(data)['uuid']}", "-o", "-")
+    assert back.returncode == 0 and back.stdout == data, back.stderr
+
+
+def _long_stream(tmp_path: Path, copies: int = 60) -> tuple[Path, bytes]:
+    """A valid stream of ~11 MB: the full fixture's commands, its header once and its END once at the end."""
+    data = FULL.read_bytes()
+    cuts = boundaries(data)
+    header, body, end = data[: cuts[1]], data[cuts[1] : cuts[-2]], data[cuts[-2] :]
+    whole = header + body * copies + end
+    path = tmp_path / "long.stream"
+    path.write_bytes(whole)
+    return path, whole
+
+
+def test_parts_end_on_command_boundaries_and_a_long_stream_spans_objects(store: Store, tmp_path: Path) -> None:
+    bucket, client = store.bucket(), store.client()
+    path, whole = _long_stream(tmp_path)
+    done = upload(str(path), Location(bucket), client, part_size=5 << 20, max_object=11 << 20)
+    sizes = [o["size"] for o in done.objects]
+    assert len(sizes) == 2 and sum(sizes) == len(whole) and max(sizes) <= 11 << 20, sizes
+    cuts = set(boundaries(whole))
+    at = 0
+    for obj in done.objects:
+        held = client.get_object_attributes(Bucket=bucket, Key=obj["key"], ObjectAttributes=["ObjectParts"])
+        sizes = [part["Size"] for part in held["ObjectParts"]["Parts"]]
+        assert all(size >= 5 << 20 for size in sizes[:-1]) and sum(sizes) == obj["size"], sizes
+        for size in sizes:
+            at += size
+            assert at in cuts  # each part ends where a command ends
+    assert [o["key"] for o in done.objects] == [name_of(whole), name_of(whole) + ".1"]
+    back = run(store, "restore", f"s3://{bucket}/{stream_identity(whole)['uuid']}", "-o", str(tmp_path / "back"))
+    assert back.returncode == 0, back.stderr
+    assert (tmp_path / "back").read_bytes() == whole
+
+
+def test_a_damaged_object_is_found_in_place_with_its_offset(store: Store, tmp_path: Path) -> None:
+    bucket, client = store.bucket(), store.client()
+    path, whole = _long_stream(tmp_path, copies=8)
+    for stream in (path, STREAMS[0]):
+        assert run(store, "send", "--to", f"s3://{bucket}/a", str(stream)).returncode == 0
+    ok = run(store, "verify", f"s3://{bucket}/a")
+    assert ok.returncode == 0 and ok.stdout.decode().count(": ok\n") == 2, ok
+    key = f"a/{name_of(whole)}"
+    damaged = bytearray(whole)
+    damaged[1_000_000] ^= 0x40
+    client.put_object(Bucket=bucket, Key=key, Body=bytes(damaged))  # the store's copy, changed behind our back
+    bad = run(store, "verify", f"s3://{bucket}/a", "--workers", "2")
+    assert bad.returncode == 1, bad
+    report = dict(line.split(": ", 1) for line in bad.stdout.decode().splitlines())
+    assert report[name_of(STREAMS[0].read_bytes())] == "ok"
+    command_at = max(c for c in boundaries(whole) if c <= 1_000_000)
+    assert re.match(rf"offset {command_at}, command #\d+ \(\w+\): crc32c mismatch", report[name_of(whole)]), report
+    assert b"2 streams checked, 1 bad" in bad.stderr
+    restored = run(store, "restore", f"s3://{bucket}/a/{stream_identity(whole)['uuid']}", "-o", str(tmp_path / "r"))
+    assert restored.returncode == 1 and f"offset {command_at}".encode() in restored.stderr, restored.stderr
+    assert not (tmp_path / "r").exists()  # nothing half written
+
+
+def test_a_bad_input_leaves_no_parts_and_no_object(store: Store, tmp_path: Path) -> None:
+    bucket, client = store.bucket(), store.client()
+    _, whole = _long_stream(tmp_path, copies=40)
+    cut = max(c for c in boundaries(whole) if c <= 9 << 20)
+    broken = whole[:cut] + b"\xff" * 64 + whole[cut:]  # past the first 8 MiB part
+    sent = run(store, "send", "--to", f"s3://{bucket}/x", "-", data=broken)
+    assert sent.returncode == 1 and f"offset {cut}".encode() in sent.stderr, sent.stderr
+    assert b"Traceback" not in sent.stderr
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    assert client.list_objects_v2(Bucket=bucket).get("KeyCount") == 0
+
+
+def test_the_same_stream_twice_is_refused_and_ls_shows_chains(store: Store) -> None:
+    bucket = store.bucket()
+    full, incr = FULL, next(p for p in STREAMS if p.name == "rich-incr-v2.stream")
+    for stream in (full, incr):
+        assert run(store, "send", "--to", f"s3://{bucket}/h", str(stream)).returncode == 0
+    again = run(store, "send", "--to", f"s3://{bucket}/h", str(full))
+    assert again.returncode == 2 and b"archived already" in again.stderr, again.stderr
+    listed = run(store, "archive", "ls", f"s3://{bucket}/h")
+    lines = listed.stdout.decode().splitlines()
+    f, i = (stream_identity(p.read_bytes()) for p in (full, incr))
+    assert lines[0].startswith(f"{f['uuid']}.{f['ctransid']}  full  ") and lines[0].endswith("rich_base")
+    assert lines[1].startswith(f"  {i['uuid']}.{i['ctransid']}  incremental  ") and lines[1].endswith("rich_incr")
+    tree = json.loads(run(store, "archive", "ls", "--json", f"s3://{bucket}/h").stdout)
+    assert [[(x["uuid"], x["depth"]) for x in chain] for chain in tree] == [[(f["uuid"], 0), (i["uuid"], 1)]]
+    both = run(store, "restore", f"s3://{bucket}/h/{i['uuid']}", "-o", "-")
+    assert both.returncode == 0 and both.stdout == full.read_bytes() + incr.read_bytes()
+    assert b"restored 2 streams" in both.stderr
+
+
+def test_a_missing_link_is_named(store: Store) -> None:
+    bucket = store.bucket()
+    incr = next(p for p in STREAMS if p.name == "rich-incr-v2.stream")
+    assert run(store, "send", "--to", f"s3://{bucket}", str(incr)).returncode == 0
+    i = stream_identity(incr.read_bytes())
+    lost = run(store, "restore", f"s3://{bucket}/{i['uuid']}", "-o", "-")
+    assert lost.returncode == 2 and lost.stdout == b""
+    assert (
+        f"needs its parent {i['parent_uuid']} at ctransid {i['parent_ctransid']}, which is not archived".encode()
+        in lost.stderr
+    )
+    unknown = run(store, "restore", f"s3://{bucket}/00000000-0000-0000-0000-000000000000", "-o", "-")
+    assert unknown.returncode == 2 and b"no archived stream makes snapshot" in unknown.stderr
+
+
+def test_errors_of_the_store_name_the_object(store: Store) -> None:
+    missing = run(store, "archive", "ls", "s3://no-such-bucket-here/p")
+    assert (
+        missing.returncode == 4
+        and b"s3://no-such-bucket-here/p/: " in missing.stderr
+        and b"NoSuchBucket" in missing.stderr
+    )
+    bad = run(store, "send", "--to", "s3://B", str(FULL))
+    assert bad.returncode == 2 and b"is not a bucket name" in bad.stderr
+
+
+@pytest.mark.btrfs
+def test_a_chain_restored_into_btrfs_receive_is_the_direct_transfer(store: Store, tmp_path: Path) -> None:
+    """A full stream and two incrementals of a real file system, archived, then restored by the last
+    snapshot's UUID into btrfs receive; and a 1 GiB stream there and back byte for byte."""
+    need_root_btrfs()
+    bucket = store.bucket()
+    streams = [tmp_path / f"{n}.stream" for n in ("s1", "s2", "s3")]
+    with btrfs_loop("2G") as src:
+        subprocess.run(["btrfs", "-q", "subvolume", "create", str(src / "vol")], check=True)
+        block = os.urandom(1 << 20)
+        with open(src / "vol" / "big", "wb") as f:
+            for _ in range(1024):
+                f.write(block)
+        parent = None
+        for n, stream in enumerate(streams, 1):
+            (src / "vol" / f"small{n}").write_bytes(os.urandom(4096 * n))
+            snap = src / f"s{n}"
+            subprocess.run(["btrfs", "-q", "subvolume", "snapshot", "-r", str(src / "vol"), str(snap)], check=True)
+            extra = ["-p", str(parent)] if parent else []
+            subprocess.run(["btrfs", "send", "-q", *extra, "-f", str(stream), str(snap)], check=True)
+            parent = snap
+        last = subprocess.run(["btrfs", "subvolume", "show", str(parent)], capture_output=True, text=True, check=True)
+        last_uuid = re.search(r"^\s*UUID:\s+(\S+)", last.stdout, re.M).group(1)  # type: ignore[union-attr]
+    assert streams[0].stat().st_size > 1 << 30
+    for stream in streams:
+        sent = run(store, "send", "--to", f"s3://{bucket}/host", str(stream))
+        assert sent.returncode == 0, sent.stderr
+    whole = hashlib.sha256()
+    with subprocess.Popen(
+        [*CMD, "restore", f"s3://{bucket}/host/{stream_identity(streams[0].read_bytes()[:65536])['uuid']}", "-o", "-"],
+        stdout=subprocess.PIPE, env=store.env,
+    ) as big:  # fmt: skip
+        assert big.stdout is not None
+        while chunk := big.stdout.read(1 << 20):
+            whole.update(chunk)
+    assert big.returncode == 0
+    with open(streams[0], "rb") as f:
+        assert whole.hexdigest() == hashlib.file_digest(f, "sha256").hexdigest()
+    with btrfs_loop("3G") as mnt:
+        (mnt / "restored").mkdir()
+        (mnt / "direct").mkdir()
+        restored = run(
+            store, "restore", f"s3://{bucket}/host/{last_uuid}", "--exec", f"btrfs receive {mnt / 'restored'}"
+        )
+        assert restored.returncode == 0, restored.stderr
+        assert b"restored 3 streams" in restored.stderr
+        for stream in streams:
+            subprocess.run(
+                ["btrfs", "receive", "-f", str(stream), str(mnt / "direct")], capture_output=True, check=True
+            )
+        for n in (1, 2, 3):
+            assert differences(mnt / "direct" / f"s{n}", mnt / "restored" / f"s{n}") == []
+    assert len(entries(store.client(), Location(bucket, "host/"))) == 3
