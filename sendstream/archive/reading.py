@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,24 +29,36 @@ from .catalog import Entry, chain_to, entries
 from .store import Location, calling, connect
 
 CHUNK = 8 << 20
+AHEAD = 3  # ranged GETs at once: one GET at a time is slower than the checks
 
 
 class RangedReader:
-    """The objects of one stream, in order, as one reader (``readinto``), by ranged GETs."""
+    """The objects of one stream, in order, as one reader (``readinto``), by ranged GETs.
 
-    def __init__(self, s3: Any, location: Location, objects: tuple[tuple[str, int], ...], chunk: int = CHUNK) -> None:
+    :data:`AHEAD` ranges are fetched at once while the caller checks the one before; with ``digest``
+    each range is hashed, in order, in a thread of its own. At most ``2 * AHEAD + 1`` chunks are held.
+    """
+
+    def __init__(
+        self, s3: Any, location: Location, objects: tuple[tuple[str, int], ...], chunk: int = CHUNK, digest: Any = None
+    ) -> None:
         self._s3 = s3
         self._location = location
-        self._ranges = [
-            (name, start, min(start + chunk, size)) for name, size in objects for start in range(0, size, chunk)
-        ]
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="sendstream-get")
-        self._ahead: Future[bytes] | None = self._fetch(0)
-        self._next = 1
+        self._ranges = iter(
+            [(name, start, min(start + chunk, size)) for name, size in objects for start in range(0, size, chunk)]
+        )
+        self._pool = ThreadPoolExecutor(AHEAD, thread_name_prefix="sendstream-get")
+        self._ahead: deque[Future[bytes]] = deque()
+        self._digest = digest
+        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="sendstream-hash")
+        self._hashing: deque[Future[None]] = deque()
         self._current = memoryview(b"")
+        for _ in range(AHEAD):
+            self._fetch()
 
-    def _fetch(self, i: int) -> Future[bytes] | None:
-        return self._pool.submit(self._get, *self._ranges[i]) if i < len(self._ranges) else None
+    def _fetch(self) -> None:
+        if (span := next(self._ranges, None)) is not None:
+            self._ahead.append(self._pool.submit(self._get, *span))
 
     def _get(self, name: str, start: int, end: int) -> bytes:
         url = self._location.url(name)
@@ -60,32 +73,33 @@ class RangedReader:
 
     def readinto(self, view: Any) -> int:
         if not self._current:
-            if self._ahead is None:
+            if not self._ahead:
                 return 0
-            self._current = memoryview(self._ahead.result())
-            self._ahead = self._fetch(self._next)
-            self._next += 1
+            data = self._ahead.popleft().result()
+            self._fetch()
+            if self._digest is not None:
+                while len(self._hashing) >= AHEAD:
+                    self._hashing.popleft().result()
+                self._hashing.append(self._hasher.submit(self._digest.update, data))
+            self._current = memoryview(data)
         n = min(len(view), len(self._current))
         view[:n] = self._current[:n]
         self._current = self._current[n:]
         return n
 
     def close(self) -> None:
+        """Stop fetching; every range read so far is hashed when this returns."""
         self._pool.shutdown(cancel_futures=True)
+        self._hasher.shutdown()
 
 
 def check(s3: Any, location: Location, entry: Entry, write: Callable[[Any], object] = lambda data: None) -> None:
     """Read the stream of ``entry`` in place and check every command before ``write`` gets it; then
     hold it to its manifest (:class:`~sendstream.errors.ManifestMismatch` when it differs)."""
     digest, ledger = hashlib.sha256(), Ledger()
-
-    def out(data: Any) -> None:
-        write(data)
-        digest.update(data)
-
-    reader = RangedReader(s3, location, entry.objects)
+    reader = RangedReader(s3, location, entry.objects, digest=digest)
     try:
-        healer = Healer(out, ledger=ledger)
+        healer = Healer(write, ledger=ledger)
         for event in file_events(reader, Framer(), healer.batch):  # type: ignore[arg-type]
             healer.event(event)
     finally:

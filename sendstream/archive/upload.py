@@ -20,6 +20,7 @@ import hashlib
 import os
 import socket
 import threading
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -72,8 +73,12 @@ class Parts:
         part_size: int = PART_SIZE,
         max_object: int = MAX_OBJECT,
         in_flight: int = IN_FLIGHT_BYTES,
+        digest: Any = None,
     ) -> None:
         self._s3 = s3
+        self._digest = digest  # of every part, in order, in a thread of its own (beside the checks)
+        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="sendstream-hash")
+        self._hashing: deque[Future[None]] = deque()
         self.location = location
         self._part_size = part_size
         self._max_object = max_object
@@ -116,10 +121,12 @@ class Parts:
         assert self._current is not None
         self._complete(self._current)
         self._pool.shutdown()
+        self._hasher.shutdown()
 
     def abort(self) -> None:
         """Stop: the upload of the current object is aborted, its parts removed."""
         self._pool.shutdown(cancel_futures=True)
+        self._hasher.shutdown(cancel_futures=True)
         if self._current is not None:
             with calling(self.location.url(self._current.key)):
                 self._s3.abort_multipart_upload(
@@ -141,6 +148,10 @@ class Parts:
             if current is not None:
                 self._complete(current)
             current = self._current = self._begin(self.name + (f".{len(self.objects)}" if self.objects else ""))
+        if self._digest is not None:
+            while len(self._hashing) > 1:
+                self._hashing.popleft().result()
+            self._hashing.append(self._hasher.submit(self._digest.update, part))
         current.parts += 1
         current.size += len(part)
         self.parts += 1
@@ -228,15 +239,10 @@ def upload(
     """Check and heal ``source`` and archive the clean stream at ``location``, named by what it is,
     with its manifest beside it."""
     ledger, digest = Ledger(), hashlib.sha256()
-    parts = Parts(s3, location, part_size=part_size, max_object=max_object)
-
-    def write(data: Any) -> None:
-        parts.write(data)
-        digest.update(data)
-
+    parts = Parts(s3, location, part_size=part_size, max_object=max_object, digest=digest)
     try:
         with FramedInput(source, max_command_size=max_command_size, warn=warn, skip=(e.StreamRestarted,)) as stream:
-            healer = Healer(write, ledger=ledger)
+            healer = Healer(parts.write, ledger=ledger)
             for event in stream.events(healer.batch):
                 healer.event(event)
         parts.finish()
