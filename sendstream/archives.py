@@ -116,3 +116,24 @@ def archive_ls(url: str, as_json: bool, endpoint_url: str | None) -> None:
             kind = "full" if entry.parent is None else ("incremental" if depth else "incremental, parent missing")
             line = f"{'  ' * depth}{entry.uuid}.{entry.ctransid}  {kind}  {_size(entry.size)}  {entry.stored}"
             click.echo(line + (f"  {entry.snapshot}" if entry.snapshot else ""))
+
+
+@archive.command("prune")
+@click.argument("url", metavar="s3://BUCKET/PREFIX")
+@click.option("--keep-last", type=click.IntRange(1), default=None, help="Keep the last N snapshots stored.")
+@click.option("--keep-since", "since", metavar="DATE", default=None, help="Keep those stored on or after DATE (ISO).")
+@click.option("--dry-run", is_flag=True, help="Only say what would go.")
+@endpoint_option
+def archive_prune(url: str, keep_last: int | None, since: str | None, dry_run: bool, endpoint_url: str | None) -> None:
+    """Delete old streams, never one that a kept snapshot needs (its parent, up to its full stream)."""
+    from .archive.catalog import entries, plan_prune, remove
+
+    location, s3 = where(url, endpoint_url)
+    kept, dropped = plan_prune(entries(s3, location), keep_last, since)
+    for entry in dropped:
+        if not dry_run:
+            remove(s3, location, entry)
+        click.echo(f"{'would delete' if dry_run else 'deleted'} {entry.name}  {_size(entry.size)}  {entry.stored}")
+    gone = sum(x.size for x in dropped)
+    verb = "would go" if dry_run else "deleted"
+    click.echo(f"sendstream: {len(kept)} kept, {len(dropped)} {verb} ({_size(gone)})", err=True)

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -174,6 +175,32 @@ def test_errors_of_the_store_name_the_object(store: Store) -> None:
     )
     bad = run(store, "send", "--to", "s3://B", str(FULL))
     assert bad.returncode == 2 and b"is not a bucket name" in bad.stderr
+
+
+def test_prune_keeps_what_a_kept_snapshot_builds_on(store: Store) -> None:
+    bucket = store.bucket()
+    other, full, incr = (
+        next(p for p in STREAMS if p.name == n)
+        for n in ("verity-v3.stream", "rich-full-v2.stream", "rich-incr-v2.stream")
+    )
+    for stream in (other, full, incr):
+        assert run(store, "send", "--to", f"s3://{bucket}/p", str(stream)).returncode == 0
+        time.sleep(1.1)  # stored one second after another: the manifests say which is older
+    names = [name_of(p.read_bytes()) for p in (other, full, incr)]
+    dry = run(store, "archive", "prune", f"s3://{bucket}/p", "--keep-last", "1", "--dry-run")
+    assert dry.returncode == 0 and dry.stdout.decode().startswith(f"would delete {names[0]}  ")
+    assert b"2 kept, 1 would go" in dry.stderr
+    assert len(entries(store.client(), Location(bucket, "p/"))) == 3
+    pruned = run(store, "archive", "prune", f"s3://{bucket}/p", "--keep-last", "1")
+    assert pruned.returncode == 0 and pruned.stdout.decode().splitlines() == [
+        line.replace("would delete", "deleted") for line in dry.stdout.decode().splitlines()
+    ]
+    keys = {o["Key"] for o in store.client().list_objects_v2(Bucket=bucket)["Contents"]}
+    assert keys == {f"p/{n}{suffix}" for n in names[1:] for suffix in ("", ".json")}  # the parent of the kept one stays
+    back = run(store, "restore", f"s3://{bucket}/p/{stream_identity(incr.read_bytes())['uuid']}", "-o", "-")
+    assert back.returncode == 0 and back.stdout == full.read_bytes() + incr.read_bytes()
+    bad = run(store, "archive", "prune", f"s3://{bucket}/p", "--keep-since", "yesterday")
+    assert bad.returncode == 2 and b"is not an ISO date" in bad.stderr
 
 
 @pytest.mark.btrfs

@@ -9,6 +9,7 @@ depth, as any input is.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -149,3 +150,39 @@ def chain_to(found: list[Entry], subvolume: str, location: Location) -> list[Ent
             raise e.UsageError(f"{location.url()}: the chain of {subvolume} goes round in a circle")
         chain.append(by_ident[parent])
     return chain[::-1]
+
+
+def plan_prune(
+    found: list[Entry], keep_last: int | None = None, since: str | None = None
+) -> tuple[list[Entry], list[Entry]]:
+    """What to keep and what may go: the last ``keep_last`` streams stored (and those stored at or after
+    ``since``, an ISO date), with every stream a kept one builds on, up to its full stream; both by age."""
+    if keep_last is None and since is None:
+        raise e.UsageError("say what to keep: --keep-last N or --keep-since DATE")
+    if since is not None:
+        try:
+            datetime.datetime.fromisoformat(since)
+        except ValueError:
+            raise e.UsageError(f"--keep-since {since!r} is not an ISO date (2026-12-01, 2026-12-01T06:00)") from None
+    ordered = sorted(found, key=lambda x: (x.stored, x.ctransid, x.name))
+    wanted = set(ordered[len(ordered) - keep_last :] if keep_last else [])
+    if since is not None:
+        wanted.update(x for x in ordered if x.stored >= since)
+    by_ident = {entry.ident: entry for entry in found}
+    for entry in list(wanted):
+        while entry.parent is not None and entry.parent in by_ident:
+            entry = by_ident[entry.parent]
+            wanted.add(entry)
+    return [x for x in ordered if x in wanted], [x for x in ordered if x not in wanted]
+
+
+def remove(s3: Any, location: Location, entry: Entry) -> None:
+    """Delete an archived stream: its manifest first (then it is no longer archived), then its objects."""
+    for keys in ([entry.name + ".json"], [name for name, _ in entry.objects]):
+        with calling(location.url(keys[0])):
+            answer = s3.delete_objects(
+                Bucket=location.bucket, Delete={"Objects": [{"Key": location.key(k)} for k in keys], "Quiet": True}
+            )
+        if answer.get("Errors"):
+            error = answer["Errors"][0]
+            raise e.StoreError(location.url(error["Key"][len(location.prefix) :]), f"not deleted: {error.get('Code')}")
