@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from support.btrfs import need_root_btrfs
 from support.loopfs import btrfs_loop
-from support.net import CMD
+from support.net import CMD, free_port, key_file, wait_listening
 from support.s3 import Store, seaweedfs
 from support.streams import STREAMS, boundaries
 from support.trees import differences
@@ -201,6 +201,43 @@ def test_prune_keeps_what_a_kept_snapshot_builds_on(store: Store) -> None:
     assert back.returncode == 0 and back.stdout == full.read_bytes() + incr.read_bytes()
     bad = run(store, "archive", "prune", f"s3://{bucket}/p", "--keep-since", "yesterday")
     assert bad.returncode == 2 and b"is not an ISO date" in bad.stderr
+
+
+def test_the_service_stores_a_clients_streams_in_its_bucket(store: Store, tmp_path: Path) -> None:
+    bucket = store.bucket()
+    port = free_port()
+    key_file(tmp_path / "alpha.key")
+    config = tmp_path / "serve.toml"
+    config.write_text(
+        f'listen = "127.0.0.1:{port}"\n[clients.alpha]\nkey = "alpha.key"\nstore = "s3://{bucket}/alpha"\n'
+    )
+    full, incr = (next(p for p in STREAMS if p.name == n) for n in ("rich-full-v2.stream", "rich-incr-v2.stream"))
+    argv = [*CMD, "serve", "--config", str(config), "--log-format", "json"]
+    with subprocess.Popen(argv, stderr=subprocess.PIPE, env=store.env) as proc:
+        try:
+            wait_listening(port)
+            client = ["--to", f"127.0.0.1:{port}", "--key", str(tmp_path / "alpha.key"), "--identity", "alpha"]
+            sent = [run(store, "send", *client, str(stream), "--progress", "none") for stream in (full, incr)]
+            listed = run(store, "send", *client, "--list", str(full))
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            log = proc.stderr.read().decode()  # type: ignore[union-attr]
+    assert all(r.returncode == 0 for r in sent), [r.stderr for r in sent]
+    f, i = (stream_identity(p.read_bytes()) for p in (full, incr))
+    assert listed.stdout.decode().splitlines() == sorted(
+        [
+            f"{f['uuid']}.{f['ctransid']} full {name_of(full.read_bytes())}",
+            f"{i['uuid']}.{i['ctransid']} from {f['uuid']}.{f['ctransid']} {name_of(incr.read_bytes())}",
+        ]
+    ), listed
+    back = run(store, "restore", f"s3://{bucket}/alpha/{i['uuid']}", "-o", "-")
+    assert back.returncode == 0 and back.stdout == full.read_bytes() + incr.read_bytes(), back.stderr
+    (entry, _) = sorted(entries(store.client(), Location(bucket, "alpha/")), key=lambda x: x.ctransid)
+    note = json.loads(store.client().get_object(Bucket=bucket, Key=f"alpha/{entry.name}.json")["Body"].read())
+    assert note["client"] == "alpha" and note["peer"].startswith("127.0.0.1:") and "host" not in note
+    stored = [json.loads(line) for line in log.splitlines() if '"stored"' in line]
+    assert [x["stream"] for x in stored] == [name_of(full.read_bytes()), name_of(incr.read_bytes())]
 
 
 @pytest.mark.btrfs

@@ -21,6 +21,7 @@ import os
 import socket
 import threading
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -224,6 +225,7 @@ class Archived:
     size: int
     commands: int
     restarts: int
+    snapshot: str
 
 
 def upload(
@@ -235,14 +237,17 @@ def upload(
     warn: Any = None,
     part_size: int = PART_SIZE,
     max_object: int = MAX_OBJECT,
+    wrote: Callable[[int], object] | None = None,
+    **origin: Any,
 ) -> Archived:
     """Check and heal ``source`` and archive the clean stream at ``location``, named by what it is,
-    with its manifest beside it."""
+    with its manifest beside it (``origin``: where it came from; this host by default). ``wrote``
+    hears the size of every write taken (a session acknowledges what is taken)."""
     ledger, digest = Ledger(), hashlib.sha256()
     parts = Parts(s3, location, part_size=part_size, max_object=max_object, digest=digest)
     try:
         with FramedInput(source, max_command_size=max_command_size, warn=warn, skip=(e.StreamRestarted,)) as stream:
-            healer = Healer(parts.write, ledger=ledger)
+            healer = Healer(parts.write if wrote is None else _counted(parts.write, wrote), ledger=ledger)
             for event in stream.events(healer.batch):
                 healer.event(event)
         parts.finish()
@@ -257,9 +262,19 @@ def upload(
         commands=ledger.commands,
         ledger=ledger.digest(),
         snapshot=parts.snapshot,
-        host=socket.gethostname(),
         objects=parts.objects,
+        **(origin or {"host": socket.gethostname()}),
     )
     with calling(location.url(parts.name + ".json")):
         s3.put_object(Bucket=location.bucket, Key=location.key(parts.name + ".json"), Body=record)
-    return Archived(location.url(parts.name), parts.objects, healer.written, ledger.commands, healer.restart_count)
+    return Archived(
+        location.url(parts.name), parts.objects, healer.written, ledger.commands, healer.restart_count, parts.snapshot
+    )
+
+
+def _counted(write: Callable[[Any], object], wrote: Callable[[int], object]) -> Callable[[Any], None]:
+    def counted(data: Any) -> None:
+        write(data)
+        wrote(len(data))
+
+    return counted

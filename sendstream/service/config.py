@@ -11,7 +11,7 @@
 
     [clients.web1]                  # the name is the client's PSK identity
     key = "keys/web1.key"           # relative to this file's directory
-    store = "/srv/streams/web1"     # stream files, each with a JSON manifest
+    store = "/srv/streams/web1"     # stream files, each with a JSON manifest (or s3://BUCKET/PREFIX)
 
     [clients.db1]
     key = "keys/db1.key"
@@ -35,6 +35,7 @@ import tomllib
 from collections.abc import Callable
 from typing import Any
 
+from ..archive.store import Location
 from ..errors import KeyFileError, UsageError
 from ..net.address import Address
 from ..net.tls import MODES
@@ -206,7 +207,15 @@ def _clients(table: Any, lines: _Lines, base: str, warn: Callable[[str], object]
                 "(btrfs receive), not both nor neither",
             )
         kind = "receive" if "receive" in settings else "store"
-        place = os.path.realpath(os.path.join(base, _text(settings, kind, lines, name)))
+        place = _text(settings, kind, lines, name)
+        if kind == "store" and place.startswith("s3://"):
+            try:
+                place = Location.parse(place).url()  # the archive (the S3 endpoint and credentials: AWS_*)
+            except UsageError as exc:
+                raise ConfigError(lines.at(("clients", name), kind), f"clients.{name}.store: {exc}") from None
+            clients[name] = Client(name, key, place)
+            continue
+        place = os.path.realpath(os.path.join(base, place))
         if not os.path.isdir(place):
             raise ConfigError(lines.at(("clients", name), kind), f"clients.{name}.{kind}: {place!r} is not a directory")
         if kind == "receive" and (fs := _file_system(place)) != _BTRFS:

@@ -14,6 +14,8 @@ import os
 import subprocess
 from typing import Any
 
+from ..archive.catalog import entries
+from ..archive.store import Location, connect
 from .config import Client
 
 MAX_HELD = 100_000  # snapshots listed at most (the answer's lines are bounded too)
@@ -21,9 +23,12 @@ MAX_MANIFEST = 64 << 10
 _FIELDS = ("uuid", "ctransid", "parent_uuid", "parent_ctransid")
 
 
-def held(client: Client) -> list[dict[str, Any]]:
-    """The snapshots in ``client``'s place, by name."""
-    found = _received(client.place) if client.receive else _stored(client.place)
+def held(client: Client, s3: Any = None) -> list[dict[str, Any]]:
+    """The snapshots in ``client``'s place (its bucket: through ``s3``, or a new client), by name."""
+    if client.place.startswith("s3://"):
+        found = _archived(client.place, s3)
+    else:
+        found = _received(client.place) if client.receive else _stored(client.place)
     return sorted(found, key=lambda s: str(s["name"]))[:MAX_HELD]
 
 
@@ -44,6 +49,15 @@ def _stored(place: str) -> list[dict[str, Any]]:
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue  # not one of ours, or being written: not held
     return out
+
+
+def _archived(place: str, s3: Any) -> list[dict[str, Any]]:
+    location = Location.parse(place)
+    return [
+        {"name": x.name, "uuid": x.uuid, "ctransid": x.ctransid, "parent_uuid": x.parent[0] if x.parent else None,
+         "parent_ctransid": x.parent[1] if x.parent else None, "size": x.size, "stored": x.stored}
+        for x in entries(s3 or connect(), location)
+    ]  # fmt: skip
 
 
 def _received(place: str) -> list[dict[str, Any]]:

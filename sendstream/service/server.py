@@ -27,6 +27,8 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from .. import errors as e
+from ..archive.store import Location, connect
+from ..archive.upload import upload
 from ..io.outputs import OutputDirectory, OutputFile
 from ..io.threads import started
 from ..net.address import listen
@@ -89,6 +91,7 @@ class Service:
         self._lock = threading.Lock()
         self._active: dict[str, set[SessionReceiver]] = {name: set() for name in config.clients}
         self._threads: set[threading.Thread] = set()
+        self._s3: Any = None
         self._claims: dict[str, str] = {}  # what running transfers make: subvolume UUIDs, subvolumes, journals
 
     def run(self, stop: threading.Event) -> None:
@@ -168,7 +171,7 @@ class Service:
     def _list(self, opening: Opening, client: Client) -> None:
         """Answer a client's :class:`~sendstream.net.session.protocol.ListRequest`: its snapshots, its own only."""
         try:
-            snapshots = held(client)
+            snapshots = held(client, self._s3)
             answer = b"".join(listed_line(s) for s in snapshots)
             opening.channel.send_all(answer + status_line(0, f"{len(snapshots)} snapshots"))
             self.log("listed", client=client.identity, peer=opening.peer, snapshots=len(snapshots))
@@ -203,7 +206,9 @@ class Service:
                 self._active[client.identity].add(session)
             resumed = {"resumed": checkpoint.offset} if checkpoint else {}
             self.log("transfer", **fields, compressed=opening.channel.compressed, **resumed)
-            if client.receive:
+            if client.place.startswith("s3://"):
+                name, size, names = self._archive(session, client, opening.peer)
+            elif client.receive:
                 child = {"say": lambda line: self.log("btrfs-receive", **fields, line=line)}
                 name, size, names = receive_into(
                     session, client, lambda *what: self._claim(client, claims, *what), checkpoint, **child
@@ -238,6 +243,19 @@ class Service:
                 session.close()
                 with self._lock:
                     self._active[client.identity].discard(session)
+
+    def _archive(self, session: SessionReceiver, client: Client, peer: str) -> tuple[str, int, tuple[str, ...]]:
+        """Check the stream of ``session`` and archive it in ``client``'s bucket (as ``send --to s3://``)."""
+        with self._lock:
+            if self._s3 is None:
+                self._s3 = connect()  # one client for every transfer: it is safe across threads
+        location = Location.parse(client.place)
+        done = upload(
+            session,  # type: ignore[arg-type]
+            location, self._s3, wrote=session.wrote, client=client.identity, peer=peer,
+        )  # fmt: skip
+        session.commit()
+        return done.url.rsplit("/", 1)[1], done.size, (done.snapshot,) if done.snapshot else ()
 
     def _claim(self, client: Client, claims: list[str], subvolume: uuid.UUID, name: str) -> None:
         """Hold ``subvolume`` (everywhere) and ``name`` (in the client's place) for one transfer of ``client``."""
