@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from . import errors as e
-from .terminal import Group, warner
+from .terminal import Group, logger, warner
 
 if TYPE_CHECKING:
     from .archive.store import Location
@@ -37,12 +37,29 @@ def where(url: str, endpoint_url: str | None) -> tuple[Location, object]:
     return Location.parse(url), connect(endpoint_url)
 
 
-def send_to_archive(url: str, stream: str, endpoint_url: str | None, max_command_size: int | None, quiet: bool) -> None:
-    """``send --to s3://...``: archive STREAM there."""
+def send_to_archive(
+    url: str, stream: str, endpoint_url: str | None, key_file: str | None, retrying: dict[str, Any], quiet: bool
+) -> None:
+    """``send --to s3://...``: archive STREAM there (``retrying``: ``resumable``, ``retries``, ``retry_delay``)."""
     from .archive.upload import upload
 
+    key = None
+    if retrying["resumable"]:
+        if key_file is None:
+            raise e.UsageError(
+                "--resumable to s3:// needs --key FILE: the upload's state in the bucket is signed with it"
+            )
+        from .net.tls.keys import load_key
+
+        key = load_key(key_file, warner())
     location, s3 = where(url, endpoint_url)
-    done = upload(stream, location, s3, max_command_size=max_command_size, warn=warner())
+    note = logger(True)
+    done = upload(
+        stream, location, s3, warn=warner(), key=key, notice=note,
+        retries=retrying["retries"] if key else 0, retry_delay=retrying["retry_delay"],
+    )  # fmt: skip
+    if done.resumed and not quiet:
+        note(f"resumed at offset {done.resumed}: the parts before it were there already")
     if not quiet:
         objects = f" in {len(done.objects)} objects" if len(done.objects) > 1 else ""
         healed = f", {done.restarts} restarts healed" if done.restarts else ""

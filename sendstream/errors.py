@@ -302,8 +302,8 @@ class StoreError(SendStreamError):
 
     exit_code = EXIT_IO
 
-    def __init__(self, where: str, reason: str) -> None:
-        self.where, self.reason = where, reason
+    def __init__(self, where: str, reason: str, retryable: bool = False) -> None:
+        self.where, self.reason, self.retryable = where, reason, retryable  # retryable: it may work later
         super().__init__(f"{where}: {reason}")
 
 

@@ -85,7 +85,7 @@ def send(
     if target.startswith("s3://"):
         from .archives import send_to_archive
 
-        send_to_archive(target, stream, endpoint_url, None, show.quiet)
+        send_to_archive(target, stream, endpoint_url, tls.key_file, sending.retrying(), show.quiet)
         return
     if listing:
         list_held(sending.connector(target, tls, tls.key(), logger(verbose)), as_json)

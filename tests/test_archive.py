@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import re
 import subprocess
 import time
@@ -24,6 +25,7 @@ from sendstream.archive.catalog import entries
 from sendstream.archive.reading import check
 from sendstream.archive.store import Location
 from sendstream.archive.upload import upload
+from sendstream.codec.crc import crc32c
 from sendstream.ops.identity import stream_identity
 from sendstream.ops.stored import stream_name
 
@@ -130,6 +132,110 @@ def test_a_bad_input_leaves_no_parts_and_no_object(store: Store, tmp_path: Path)
     assert b"Traceback" not in sent.stderr
     assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
     assert client.list_objects_v2(Bucket=bucket).get("KeyCount") == 0
+
+
+def _slow_upload(store: Store, url: str, key: Path, data: bytes, cut: int, *extra: str) -> subprocess.Popen[bytes]:
+    """An upload from a pipe fed ``data[:cut]`` at once and the rest never: it waits for more."""
+    argv = [*CMD, "send", "--to", url, "-", "--resumable", "--key", str(key), *extra]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=store.env)
+    assert proc.stdin is not None
+    proc.stdin.write(data[:cut])
+    proc.stdin.flush()
+    return proc
+
+
+def _changed(data: bytes, at: int) -> bytes:
+    """``data`` with the last byte of the command at ``at`` changed, and its CRC made right: another valid
+    stream, the same as ``data`` before that command."""
+    start = max(c for c in boundaries(data) if c <= at)
+    length = int.from_bytes(data[start : start + 4], "little")
+    command = bytearray(data[start : start + 10 + length])
+    command[-1] ^= 1
+    command[6:10] = bytes(4)
+    command[6:10] = crc32c(bytes(command)).to_bytes(4, "little")
+    return data[:start] + bytes(command) + data[start + len(command) :]
+
+
+def _until_state(store: Store, bucket: str, parts: int) -> None:
+    """Until the upload's state in the bucket says ``parts`` parts are in."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for item in store.client().list_objects_v2(Bucket=bucket).get("Contents", []):
+            if item["Key"].endswith(".upload"):
+                body = json.loads(store.client().get_object(Bucket=bucket, Key=item["Key"])["Body"].read())
+                if len(body["state"]["parts"]) >= parts:
+                    return
+        time.sleep(0.1)
+    raise AssertionError(f"no upload state with {parts} parts")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_an_upload_killed_at_a_seeded_point_resumes_to_the_same_object(store: Store, tmp_path: Path, seed: int) -> None:
+    bucket, client = store.bucket(), store.client()
+    path, whole = _long_stream(tmp_path, copies=150)  # 42 MB: five parts of 8 MiB
+    key_file(tmp_path / "k.key")
+    cut = random.Random(seed).randrange(17 << 20, len(whole) - (1 << 20))
+    proc = _slow_upload(store, f"s3://{bucket}/r", tmp_path / "k.key", whole, cut)
+    _until_state(store, bucket, (cut >> 23) - 1)
+    proc.kill()  # SIGKILL: it says nothing, and its upload stays
+    proc.wait()
+    changed = _changed(whole, 4 << 20)  # another valid stream, the same but for one command at 4 MiB
+    argv = ["send", "--to", f"s3://{bucket}/r", "--resumable", "--key", str(tmp_path / "k.key")]
+    refused = run(store, *argv, "-", data=changed)
+    assert refused.returncode == 2, refused.stderr
+    assert b"differs from the earlier upload's before offset" in refused.stderr, refused.stderr
+    again = run(
+        store, "send", "--to", f"s3://{bucket}/r", str(path), "--resumable", "--key", str(tmp_path / "k.key"), "-v"
+    )
+    assert again.returncode == 0, again.stderr
+    resumed = int(re.search(rb"resumed at offset (\d+)", again.stderr).group(1))  # type: ignore[union-attr]
+    assert 16 << 20 <= resumed <= cut, (resumed, cut)
+    back = run(store, "restore", f"s3://{bucket}/r/{stream_identity(whole)['uuid']}", "-o", "-")
+    assert back.returncode == 0 and back.stdout == whole
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []  # no orphan parts
+    keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]}
+    assert keys == {f"r/{name_of(whole)}", f"r/{name_of(whole)}.json"}  # and no state left
+
+
+def test_a_state_made_with_another_key_is_refused(store: Store, tmp_path: Path) -> None:
+    bucket = store.bucket()
+    _, whole = _long_stream(tmp_path, copies=80)
+    key_file(tmp_path / "k.key")
+    key_file(tmp_path / "other.key")
+    proc = _slow_upload(store, f"s3://{bucket}/s", tmp_path / "k.key", whole, 17 << 20)
+    _until_state(store, bucket, 1)
+    proc.kill()
+    proc.wait()
+    forged = run(
+        store, "send", "--to", f"s3://{bucket}/s", "-", "--resumable", "--key", str(tmp_path / "other.key"), data=whole
+    )
+    assert forged.returncode == 2 and b"its signature does not match this key" in forged.stderr, forged.stderr
+    no_key = run(store, "send", "--to", f"s3://{bucket}/s", "-", "--resumable", data=whole)
+    assert no_key.returncode == 2 and b"--resumable to s3:// needs --key FILE" in no_key.stderr
+
+
+def test_the_store_stopped_mid_upload_and_started_again(store: Store, tmp_path: Path) -> None:
+    bucket, client = store.bucket(), store.client()
+    _, whole = _long_stream(tmp_path, copies=150)
+    key_file(tmp_path / "k.key")
+    proc = _slow_upload(
+        store, f"s3://{bucket}/t", tmp_path / "k.key", whole, 20 << 20, "--retries", "12", "--retry-delay", "0.5"
+    )
+    _until_state(store, bucket, 1)
+    store.stop()
+    assert proc.stdin is not None
+    proc.stdin.write(whole[20 << 20 :])  # the rest comes while the store is away
+    proc.stdin.close()
+    time.sleep(2)
+    store.start()
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    proc.wait(120)
+    assert proc.returncode == 0, err
+    assert b"retry 1/12" in err, err
+    back = run(store, "restore", f"s3://{bucket}/t/{stream_identity(whole)['uuid']}", "-o", "-")
+    assert back.returncode == 0 and back.stdout == whole
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
 
 
 def test_the_same_stream_twice_is_refused_and_ls_shows_chains(store: Store) -> None:

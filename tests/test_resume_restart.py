@@ -244,6 +244,25 @@ def test_the_ledger_needs_a_command_boundary_and_enough_stream() -> None:
         short.finish()
 
 
+def test_a_checkpoint_inside_a_run_leaves_the_ledger_where_the_stream_is() -> None:
+    """A run of commands that a checkpoint falls inside is checked there, then counted once, and every
+    boundary of it is known afterwards (the archive asks where each part ends)."""
+    lens, crcs = array("I", [100, 200, 300, 400]), array("I", [1, 2, 3, 4])
+    whole = Ledger()
+    whole.header(2)
+    whole.run(lens[:2], crcs[:2])
+    at_two = Checkpoint({"uuid": None}, whole.offset, whole.commands, whole.digest())
+    whole.run(lens[2:], crcs[2:])
+    ledger = Ledger(at_two)
+    ledger.header(2)
+    ledger.run(lens, crcs)
+    assert (ledger.offset, ledger.commands, ledger.digest()) == (whole.offset, 4, whole.digest())
+    assert ledger.offset == 17 + sum(lens) + 10 * len(lens)
+    assert ledger.at(at_two.offset + 310) == (3, ledger.at(at_two.offset + 310)[1])
+    with pytest.raises(ValueError, match="no command boundary"):
+        ledger.at(at_two.offset + 1)
+
+
 def test_receive_keeps_an_unfinished_transfer_until_told_to_resume(key: Path, link: Link, tmp_path: Path) -> None:
     out = tmp_path / "out.stream"
     half = full_checkpoint(DATA, upto=next(o for o in boundaries(DATA) if o > len(DATA) // 2))

@@ -19,6 +19,7 @@ from typing import Any
 from .. import errors as e
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_LATER = {"SlowDown", "RequestTimeout", "ServiceUnavailable", "InternalError", "ThrottlingException"}
 POOL = 16  # connections kept per client: the parts in flight, and readers ahead
 
 
@@ -67,18 +68,19 @@ def connect(endpoint_url: str | None = None) -> Any:
 @contextlib.contextmanager
 def calling(where: str) -> Iterator[None]:
     """Turn what the S3 client raises into a :class:`~sendstream.errors.StoreError` naming ``where``."""
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
 
     try:
         yield
     except ClientError as exc:
         error = exc.response.get("Error", {})
         code, message = error.get("Code", "?"), error.get("Message", "")
-        raise e.StoreError(
-            where, f"{exc.operation_name} failed: {code}" + (f" ({message})" if message else "")
-        ) from None
+        said = f" ({message})" if message else ""
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        retryable = status >= 500 or code in _LATER
+        raise e.StoreError(where, f"{exc.operation_name} failed: {code}{said}", retryable) from None
     except BotoCoreError as exc:
-        raise e.StoreError(where, str(exc)) from None
+        raise e.StoreError(where, str(exc), isinstance(exc, ConnectionError | HTTPClientError)) from None
 
 
 def missing(exc: BaseException) -> bool:

@@ -16,10 +16,12 @@ failure the multipart upload is aborted: no parts are left behind.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,6 +36,7 @@ from ..ops.identity import first_command, stream_identity
 from ..ops.ledger import Ledger
 from ..ops.repair import Healer
 from ..ops.stored import manifest, stream_name
+from . import state
 from .store import Location, calling, missing
 
 PART_SIZE = 8 << 20
@@ -41,6 +44,7 @@ GROWTH = 1000
 MAX_PARTS = 10_000
 MAX_OBJECT = 5 << 40
 IN_FLIGHT_BYTES = 64 << 20
+MAX_BACKOFF = 30.0
 _PREFIX = 64 << 10  # what names the stream: its header and first command
 _MASK = 0xFFFFFFFF
 
@@ -64,7 +68,12 @@ class _Object:
 
 
 class Parts:
-    """Whole commands in (:meth:`write`), multipart uploads out: one object after another."""
+    """Whole commands in (:meth:`write`), multipart uploads out: one object after another.
+
+    With ``key`` the upload is resumable: after each part completes (in order) its state is saved
+    (:mod:`.state`), a failure keeps the upload for the next run instead of aborting it, and a failed
+    request is tried again ``retries`` times, waiting ``retry_delay`` seconds, doubling.
+    """
 
     def __init__(
         self,
@@ -75,26 +84,36 @@ class Parts:
         max_object: int = MAX_OBJECT,
         in_flight: int = IN_FLIGHT_BYTES,
         digest: Any = None,
+        ledger: Ledger | None = None,
+        key: bytes | None = None,
+        retries: int = 0,
+        retry_delay: float = 1.0,
+        notice: Callable[[str], object] = lambda text: None,
     ) -> None:
         self._s3 = s3
-        self._digest = digest  # of every part, in order, in a thread of its own (beside the checks)
-        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="sendstream-hash")
-        self._hashing: deque[Future[None]] = deque()
         self.location = location
         self._part_size = part_size
         self._max_object = max_object
         self._budget = in_flight
+        self._digest = digest  # of every part, in order, in a thread of its own (beside the checks)
+        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="sendstream-hash")
+        self._hashing: deque[Future[None]] = deque()
+        self._ledger = ledger or Ledger()
+        self._key, self._retries, self._retry_delay, self._notice = key, retries, retry_delay, notice
         self._buffer = bytearray()
         self._pool = ThreadPoolExecutor(max(1, in_flight // part_size), thread_name_prefix="sendstream-part")
         self._cond = threading.Condition()
         self._flying = 0  # bytes of parts being uploaded
-        self._failed: BaseException | None = None
         self._current: _Object | None = None
-        self._futures: list[Future[dict[str, Any]]] = []
+        self._recording = threading.RLock()  # the parts in flight, and the state saved as they complete
+        self._flights: deque[tuple[Future[str], int, int, int, tuple[int, str] | None]] = deque()
+        self._done: list[tuple[int, str, int]] = []  # completed parts of the current object: number, ETag, size
+        self._mark: tuple[int, int, str] = (0, 0, "")  # where the last part completed in order ends
+        self._skip_to = 0  # an earlier run uploaded the stream up to here
         self.name: str | None = None
         self.identity: dict[str, Any] | None = None
         self.snapshot = ""
-        self.objects: list[dict[str, Any]] = []  # completed: key and size, in order
+        self.objects: list[dict[str, Any]] = []  # completed: name and size, in order
         self.parts = 0
         self.size = 0  # shipped
 
@@ -115,105 +134,238 @@ class Parts:
             pos = end
         self._buffer += view[pos:]
 
+    @property
+    def resumed(self) -> int:
+        """Where an earlier run's upload was taken up (0: it was not)."""
+        return self._skip_to
+
     def finish(self) -> None:
         """Upload what is left and complete the object(s)."""
         if self._buffer or self.name is None:
             self._ship()
+        if self._skip_to > self.size:
+            raise e.ResumeError(f"the stream ends at offset {self.size}, before the {self._skip_to} bytes uploaded")
         assert self._current is not None
         self._complete(self._current)
         self._pool.shutdown()
         self._hasher.shutdown()
 
-    def abort(self) -> None:
-        """Stop: the upload of the current object is aborted, its parts removed."""
-        self._pool.shutdown(cancel_futures=True)
+    def stop(self) -> None:
+        """On a failure: a resumable upload keeps what completed (its state saved); any other is aborted,
+        its parts removed."""
+        self._pool.shutdown(cancel_futures=not self._key)
         self._hasher.shutdown(cancel_futures=True)
-        if self._current is not None:
-            with calling(self.location.url(self._current.key)):
-                self._s3.abort_multipart_upload(
-                    Bucket=self.location.bucket, Key=self._current.key, UploadId=self._current.upload_id
-                )
-            self._current = None
+        if self._current is None:
+            return
+        if self._key:
+            with contextlib.suppress(Exception):
+                self._record(wait=True)
+            return
+        with calling(self.location.url(self._current.key)):
+            self._s3.abort_multipart_upload(
+                Bucket=self.location.bucket, Key=self.location.key(self._current.key), UploadId=self._current.upload_id
+            )
+        self._current = None
+
+    def forget(self) -> None:
+        """The stream is archived: its upload state goes."""
+        if self._key and self.name:
+            self.call(
+                self.name + state.STATE_SUFFIX,
+                self._s3.delete_object,
+                Key=self.location.key(self.name + state.STATE_SUFFIX),
+            )
 
     def _ship(self) -> None:
         part, self._buffer = self._buffer, bytearray()
         if self.name is None:
-            prefix = bytes(part[:_PREFIX])
-            self.identity = stream_identity(prefix)
-            first = first_command(prefix)[1]
-            self.snapshot = os.fsdecode(first.get("path", b"")) if first is not None else ""
-            self.name = stream_name(self.identity)
-            self._refuse_archived()
+            self._named(bytes(part[:_PREFIX]))
+        end = self.size + len(part)
+        if end <= self._skip_to:  # an earlier run uploaded it: only hashed again
+            self._hash(part)
+            self.parts += 1
+            self.size = end
+            return
+        if self.size < self._skip_to:
+            raise e.ResumeError(
+                f"this run cuts a part at offset {end}, the earlier run at {self._skip_to}: "
+                "the stream or the part size differs from the earlier run's"
+            )
         current = self._current
+        assert self.name is not None
         if current is None or current.parts == MAX_PARTS or current.size + len(part) > self._max_object:
             if current is not None:
                 self._complete(current)
             current = self._current = self._begin(self.name + (f".{len(self.objects)}" if self.objects else ""))
+        self._hash(part)
+        current.parts += 1
+        current.size += len(part)
+        self.parts += 1
+        self.size = end
+        mark = self._ledger.at(end) if self._key else None  # (computed now: the ledger is at this write)
+        self._raise_failed()
+        with self._cond:
+            while self._flying and self._flying + len(part) > self._budget:
+                self._cond.wait()
+            self._flying += len(part)
+        future = self._pool.submit(self._upload, current, current.parts, part)
+        with self._recording:
+            self._flights.append((future, current.parts, len(part), end, mark))
+        if self._key:
+            future.add_done_callback(lambda _: self._record())  # the state follows each part as it completes
+
+    def _raise_failed(self) -> None:
+        with self._recording:
+            failed = next((f for f, *_ in self._flights if f.done() and f.exception() is not None), None)
+        if failed is not None:
+            failed.result()
+
+    def _hash(self, part: bytearray) -> None:
         if self._digest is not None:
             while len(self._hashing) > 1:
                 self._hashing.popleft().result()
             self._hashing.append(self._hasher.submit(self._digest.update, part))
-        current.parts += 1
-        current.size += len(part)
-        self.parts += 1
-        self.size += len(part)
-        with self._cond:
-            while self._flying and self._flying + len(part) > self._budget and self._failed is None:
-                self._cond.wait()
-            if self._failed is not None:
-                raise self._failed
-            self._flying += len(part)
-        self._futures.append(self._pool.submit(self._upload, current, current.parts, part))
 
-    def _upload(self, obj: _Object, number: int, part: bytearray) -> dict[str, Any]:
+    def _named(self, prefix: bytes) -> None:
+        """The stream says what it is: name it, refuse it when archived, take up an earlier run's upload."""
+        self.identity = stream_identity(prefix)
+        first = first_command(prefix)[1]
+        self.snapshot = os.fsdecode(first.get("path", b"")) if first is not None else ""
+        self.name = stream_name(self.identity)
+        _refuse_archived(self._s3, self.location, self.name)
+        if self._key and (earlier := state.load(self._s3, self.location, self.name, self._key)) is not None:
+            self._take_up(earlier)
+
+    def _take_up(self, earlier: state.UploadState) -> None:
+        key = self.location.key(earlier.key)
+        listed: dict[int, int] = {}
         try:
-            checksum = standard_crc32c(part)
-            with calling(self.location.url(obj.key) + f" part {number}"):
-                answer = self._s3.upload_part(
-                    Bucket=self.location.bucket,
-                    Key=obj.key,
-                    UploadId=obj.upload_id,
-                    PartNumber=number,
-                    Body=part,
-                    ChecksumCRC32C=checksum,
+            with calling(self.location.url(earlier.key)):
+                pages = self._s3.get_paginator("list_parts").paginate(
+                    Bucket=self.location.bucket, Key=key, UploadId=earlier.upload_id
                 )
-            return {"PartNumber": number, "ETag": answer["ETag"]}
-        except BaseException as exc:
-            with self._cond:
-                self._failed = self._failed or exc
-            raise
+                listed = {p["PartNumber"]: p["Size"] for page in pages for p in page.get("Parts", [])}
+        except e.StoreError as exc:
+            if not missing(exc):
+                raise
+            self._notice(f"the upload an earlier run began is gone from the store ({exc.reason}); starting over")
+            return
+        if any(listed.get(number) != size for number, _, size in earlier.parts):
+            self._notice("the store lacks parts the earlier run's state names; starting over")
+            return
+        self._skip_to = earlier.offset
+        if earlier.offset:
+            self._ledger.expect(earlier.checkpoint, "the earlier upload's")
+        self.objects = list(earlier.objects)
+        self._done = list(earlier.parts)
+        self._mark = (earlier.offset, earlier.commands, earlier.ledger)
+        size = sum(size for _, _, size in earlier.parts)
+        self._current = _Object(earlier.key, earlier.upload_id, size, len(earlier.parts))
+        self._notice(f"taking up the upload an earlier run began: {earlier.offset} bytes are there")
+
+    def _upload(self, obj: _Object, number: int, part: bytearray) -> str:
+        try:
+            answer = self.call(
+                f"{obj.key} part {number}",
+                self._s3.upload_part,
+                Key=self.location.key(obj.key),
+                UploadId=obj.upload_id,
+                PartNumber=number,
+                Body=part,
+                ChecksumCRC32C=standard_crc32c(part),
+            )
+            return str(answer["ETag"])
         finally:
             with self._cond:
                 self._flying -= len(part)
                 self._cond.notify_all()
 
+    def _record(self, wait: bool = False) -> None:
+        """Take the parts completed in order (all of them, ``wait``ing); a resumable upload saves its state.
+        A part that failed raises its error here (when ``wait``ing, or in the thread that shipped it)."""
+        with self._recording:
+            moved = False
+            while self._flights:
+                future = self._flights[0][0]
+                if not wait and not (future.done() and future.exception() is None):
+                    break
+                future, number, size, end, mark = self._flights.popleft()
+                self._done.append((number, future.result(), size))
+                if mark is not None:
+                    self._mark = (end, *mark)
+                moved = True
+            if moved and self._key:
+                self._save()
+
+    def _save(self) -> None:
+        assert self._current is not None and self.identity is not None and self.name is not None and self._key
+        offset, commands, ledger = self._mark
+        now = state.UploadState(
+            self.identity,
+            self._current.upload_id,
+            self._current.key,
+            self.objects,
+            self._done,
+            offset,
+            commands,
+            ledger,
+        )
+        for attempt in range(self._retries + 1):
+            try:
+                return state.save(self._s3, self.location, self.name, now, self._key)
+            except e.StoreError as exc:
+                self._wait(exc, attempt)
+
+    def call(self, name: str, method: Callable[..., Any], **arguments: Any) -> Any:
+        """``method`` of the store on ``name`` (under the prefix), tried again when it may work later."""
+        for attempt in range(self._retries + 1):
+            try:
+                with calling(self.location.url(name)):
+                    return method(Bucket=self.location.bucket, **arguments)
+            except e.StoreError as exc:
+                self._wait(exc, attempt)
+        raise AssertionError("unreachable")
+
+    def _wait(self, exc: e.StoreError, attempt: int) -> None:
+        if attempt >= self._retries or not exc.retryable:
+            raise exc
+        delay = min(self._retry_delay * 2**attempt, MAX_BACKOFF)
+        self._notice(f"{exc}; retry {attempt + 1}/{self._retries} in {delay:g} s")
+        time.sleep(delay)
+
     def _begin(self, name: str) -> _Object:
-        key = self.location.key(name)
-        with calling(self.location.url(name)):
-            answer = self._s3.create_multipart_upload(Bucket=self.location.bucket, Key=key)
-        self._futures = []
-        return _Object(key, answer["UploadId"])
+        answer = self.call(name, self._s3.create_multipart_upload, Key=self.location.key(name))
+        self._done = []
+        obj = _Object(name, answer["UploadId"])
+        if self._key:
+            self._current = obj
+            self._save()
+        return obj
 
     def _complete(self, obj: _Object) -> None:
-        parts = [future.result() for future in self._futures]
-        with calling(self.location.url(obj.key)):
-            self._s3.complete_multipart_upload(
-                Bucket=self.location.bucket, Key=obj.key, UploadId=obj.upload_id, MultipartUpload={"Parts": parts}
-            )
-        self.objects.append({"key": obj.key[len(self.location.prefix) :], "size": obj.size})
+        self._record(wait=True)
+        parts = [{"PartNumber": number, "ETag": etag} for number, etag, _ in self._done]
+        self.call(
+            obj.key,
+            self._s3.complete_multipart_upload,
+            Key=self.location.key(obj.key),
+            UploadId=obj.upload_id,
+            MultipartUpload={"Parts": parts},
+        )
+        self.objects.append({"key": obj.key, "size": obj.size})
         self._current = None
 
-    def _refuse_archived(self) -> None:
-        assert self.name is not None
-        url = self.location.url(self.name + ".json")
-        try:
-            with calling(url):
-                self._s3.head_object(Bucket=self.location.bucket, Key=self.location.key(self.name + ".json"))
-        except e.StoreError as exc:
-            if missing(exc):
-                return
-            raise
-        raise e.UsageError(f"{url}: this stream is archived already (its manifest is there)")
+
+def _refuse_archived(s3: Any, location: Location, name: str) -> None:
+    url = location.url(name + ".json")
+    try:
+        with calling(url):
+            s3.head_object(Bucket=location.bucket, Key=location.key(name + ".json"))
+    except e.StoreError as exc:
+        if missing(exc):
+            return
+        raise
+    raise e.UsageError(f"{url}: this stream is archived already (its manifest is there)")
 
 
 @dataclass
@@ -226,6 +378,7 @@ class Archived:
     commands: int
     restarts: int
     snapshot: str
+    resumed: int  # bytes an earlier run had uploaded
 
 
 def upload(
@@ -238,13 +391,24 @@ def upload(
     part_size: int = PART_SIZE,
     max_object: int = MAX_OBJECT,
     wrote: Callable[[int], object] | None = None,
+    key: bytes | None = None,
+    retries: int = 0,
+    retry_delay: float = 1.0,
+    notice: Callable[[str], object] = lambda text: None,
     **origin: Any,
 ) -> Archived:
     """Check and heal ``source`` and archive the clean stream at ``location``, named by what it is,
     with its manifest beside it (``origin``: where it came from; this host by default). ``wrote``
-    hears the size of every write taken (a session acknowledges what is taken)."""
+    hears the size of every write taken (a session acknowledges what is taken).
+
+    With ``key`` the upload is resumable (:class:`Parts`): run again with the same stream, it takes up
+    where the earlier run's last part completed, checking the stream against the ledger there.
+    """
     ledger, digest = Ledger(), hashlib.sha256()
-    parts = Parts(s3, location, part_size=part_size, max_object=max_object, digest=digest)
+    parts = Parts(
+        s3, location, part_size=part_size, max_object=max_object, digest=digest, ledger=ledger,
+        key=key, retries=retries, retry_delay=retry_delay, notice=notice,
+    )  # fmt: skip
     try:
         with FramedInput(source, max_command_size=max_command_size, warn=warn, skip=(e.StreamRestarted,)) as stream:
             healer = Healer(parts.write if wrote is None else _counted(parts.write, wrote), ledger=ledger)
@@ -252,7 +416,7 @@ def upload(
                 healer.event(event)
         parts.finish()
     except BaseException:
-        parts.abort()
+        parts.stop()
         raise
     assert parts.name is not None and parts.identity is not None
     record = manifest(
@@ -265,11 +429,12 @@ def upload(
         objects=parts.objects,
         **(origin or {"host": socket.gethostname()}),
     )
-    with calling(location.url(parts.name + ".json")):
-        s3.put_object(Bucket=location.bucket, Key=location.key(parts.name + ".json"), Body=record)
+    parts.call(parts.name + ".json", s3.put_object, Key=location.key(parts.name + ".json"), Body=record)
+    parts.forget()
     return Archived(
-        location.url(parts.name), parts.objects, healer.written, ledger.commands, healer.restart_count, parts.snapshot
-    )
+        location.url(parts.name), parts.objects, healer.written, ledger.commands, healer.restart_count,
+        parts.snapshot, parts.resumed,
+    )  # fmt: skip
 
 
 def _counted(write: Callable[[Any], object], wrote: Callable[[int], object]) -> Callable[[Any], None]:

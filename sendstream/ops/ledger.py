@@ -74,20 +74,37 @@ class Ledger:
                 expected=f"offset {checkpoint.offset} within the last {self.offset - (mark[0] if mark else 0)} bytes",
                 actual=f"offset {self.offset}",
             )
-        offset, commands, lens_state, crcs_state, lens, crcs = mark
-        k = 0
-        while offset < checkpoint.offset and lens is not None:
-            offset += lens[k] + COMMAND_HEADER_SIZE
-            k += 1
-        if offset != checkpoint.offset:
+        reached, commands, digest = self._back(checkpoint.offset)
+        if reached != checkpoint.offset:
             self._expect = checkpoint
-            self._differs(f"a stream header or command boundary at offset {checkpoint.offset}", offset)
+            self._differs(f"a stream header or command boundary at offset {checkpoint.offset}", reached)
+        self._compare(checkpoint, commands, digest)
+
+    def at(self, offset: int) -> tuple[int, str]:
+        """The command count and digest where the stream stood at ``offset``: where it is now, or a
+        command boundary within the last addition."""
+        if offset == self.offset:
+            return self.commands, self.digest()
+        reached, commands, digest = self._back(offset) if self._mark and self._mark[0] <= offset else (-1, 0, "")
+        if reached != offset:
+            raise ValueError(f"offset {offset} is no command boundary of the last {self.offset - offset} bytes")
+        return commands, digest
+
+    def _back(self, offset: int) -> tuple[int, int, str]:
+        """From the start of the last addition, the first boundary at or past ``offset``: it, the
+        commands before it and the digest there."""
+        assert self._mark is not None
+        reached, commands, lens_state, crcs_state, lens, crcs = self._mark
+        k = 0
+        while reached < offset and lens is not None:
+            reached += lens[k] + COMMAND_HEADER_SIZE
+            k += 1
         lens_state, crcs_state = lens_state.copy(), crcs_state.copy()
         if k:
             assert lens is not None
             lens_state.update(_little_endian(lens[:k]))
             crcs_state.update(_little_endian(crcs[:k]))
-        self._compare(checkpoint, commands + k, _digest(lens_state, crcs_state))
+        return reached, commands + k, _digest(lens_state, crcs_state)
 
     def header(self, version: int) -> None:
         self._add(array("I", [_HEADER_MARK]), array("I", [version]), STREAM_HEADER_SIZE, 0)
@@ -104,8 +121,9 @@ class Ledger:
             if acc != target:
                 start = acc - lens[k - 1] - COMMAND_HEADER_SIZE
                 self._differs(f"a command boundary at offset {target}", f"a command from offset {start}")
-            self._add(lens[:k], crcs[:k], acc - self.offset, k)
-            lens, crcs, size = lens[k:], crcs[k:], size - (acc - self.offset)
+            first = acc - self.offset
+            self._add(lens[:k], crcs[:k], first, k)
+            lens, crcs, size = lens[k:], crcs[k:], size - first
         self._add(lens, crcs, size, len(lens))
 
     def finish(self) -> None:

@@ -1,0 +1,115 @@
+"""The state of a resumable upload: a small object ``NAME.upload`` beside the stream, authenticated.
+
+It holds the multipart upload's ID, the objects already completed, the
+parts completed in order (number, ETag, size) and the checkpoint where the
+last of them ends: the stream's identity, the offset, the number of
+commands before it and the ledger there (:mod:`sendstream.ops.ledger`). A
+run of ``send --to s3:// --resumable`` reads the same stream again, checks
+it against that ledger, uploads only the parts after it, and completes the
+same upload. It is signed with HMAC-SHA-256 under a key derived from the
+pre-shared key (``--key``), as resume tokens are, so that nobody who can
+write to the bucket but lacks the key can make a run skip what it did not
+upload.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import errors as e
+from ..ops.identity import check_identity, checked_integer, load_json
+from ..ops.ledger import Checkpoint
+from .store import Location, calling, missing
+
+STATE_SUFFIX = ".upload"
+STATE_FORMAT = "sendstream-upload-1"
+MAX_STATE = 4 << 20
+
+
+@dataclass
+class UploadState:
+    """Where a resumable upload stands."""
+
+    stream: dict[str, Any]
+    upload_id: str
+    key: str  # of the object being uploaded, under the prefix
+    objects: list[dict[str, Any]] = field(default_factory=list)  # completed before it: key, size
+    parts: list[tuple[int, str, int]] = field(default_factory=list)  # number, ETag, size
+    offset: int = 0
+    commands: int = 0
+    ledger: str = ""
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        return Checkpoint(self.stream, self.offset, self.commands, self.ledger)
+
+
+def _mac(key: bytes, payload: bytes) -> str:
+    state_key = hmac.new(key, b"sendstream upload state 1", hashlib.sha256).digest()
+    return hmac.new(state_key, payload, hashlib.sha256).hexdigest()
+
+
+def save(s3: Any, location: Location, name: str, state: UploadState, key: bytes) -> None:
+    body = {
+        "format": STATE_FORMAT,
+        "stream": state.stream,
+        "upload_id": state.upload_id,
+        "key": state.key,
+        "objects": state.objects,
+        "parts": state.parts,
+        "offset": state.offset,
+        "commands": state.commands,
+        "ledger": state.ledger,
+    }
+    payload = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    with calling(location.url(name + STATE_SUFFIX)):
+        s3.put_object(
+            Bucket=location.bucket,
+            Key=location.key(name + STATE_SUFFIX),
+            Body=json.dumps({"state": body, "mac": _mac(key, payload)}).encode(),
+        )
+
+
+def load(s3: Any, location: Location, name: str, key: bytes) -> UploadState | None:
+    """The state of an earlier run of the upload of ``name``; None when there is none."""
+    url = location.url(name + STATE_SUFFIX)
+    try:
+        with calling(url):
+            body = s3.get_object(Bucket=location.bucket, Key=location.key(name + STATE_SUFFIX))["Body"]
+            raw = body.read(MAX_STATE + 1)
+    except e.StoreError as exc:
+        if missing(exc):
+            return None
+        raise
+    try:
+        outer = load_json(raw[:MAX_STATE], "the upload state")
+        fields = outer["state"]
+        payload = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+        if not hmac.compare_digest(str(outer["mac"]), _mac(key, payload)):
+            raise e.ResumeError(f"{url}: its signature does not match this key (--key): it was not made with it")
+        if fields["format"] != STATE_FORMAT:
+            raise ValueError(f"format {fields['format']!r}")
+        parts = [
+            (checked_integer(n, "part"), str(etag), checked_integer(size, "size")) for n, etag, size in fields["parts"]
+        ]
+        return UploadState(
+            stream=check_identity(fields["stream"]),
+            upload_id=str(fields["upload_id"]),
+            key=str(fields["key"]),
+            objects=[{"key": str(o["key"]), "size": checked_integer(o["size"], "size")} for o in fields["objects"]],
+            parts=parts,
+            offset=checked_integer(fields["offset"], "offset"),
+            commands=checked_integer(fields["commands"], "commands"),
+            ledger=str(fields["ledger"]),
+        )
+    except (e.SessionError, KeyError, TypeError, ValueError) as exc:
+        raise e.ResumeError(f"{url} is not an upload state of ours ({exc}): remove it to start over") from None
+
+
+def forget(s3: Any, location: Location, name: str) -> None:
+    with calling(location.url(name + STATE_SUFFIX)):
+        s3.delete_object(Bucket=location.bucket, Key=location.key(name + STATE_SUFFIX))
