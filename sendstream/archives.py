@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from . import errors as e
+from .manual import epilog
 from .terminal import Group, logger, warner
 
 if TYPE_CHECKING:
@@ -20,6 +21,25 @@ endpoint_option = click.option(
     default=None,
     help="The S3 endpoint (default: AWS_ENDPOINT_URL or the AWS config, else AWS S3).",
 )
+
+
+encrypt_key_option = click.option(
+    "--encrypt-key",
+    "encrypt_key",
+    metavar="FILE",
+    default=None,
+    help="For s3://: the 32-byte key (sendstream key new FILE) its parts are sealed with, AES-256-GCM.",
+)
+
+
+def sealer(key_file: str | None) -> Any:
+    """The :class:`~sendstream.archive.seal.Sealer` of ``--encrypt-key FILE`` (None without)."""
+    if key_file is None:
+        return None
+    from .archive.seal import Sealer
+    from .net.tls.keys import load_key
+
+    return Sealer(load_key(key_file, warner()))
 
 
 def _size(n: int) -> str:
@@ -38,7 +58,13 @@ def where(url: str, endpoint_url: str | None) -> tuple[Location, object]:
 
 
 def send_to_archive(
-    url: str, stream: str, endpoint_url: str | None, key_file: str | None, retrying: dict[str, Any], quiet: bool
+    url: str,
+    stream: str,
+    endpoint_url: str | None,
+    key_file: str | None,
+    encrypt_key: str | None,
+    retrying: dict[str, Any],
+    quiet: bool,
 ) -> None:
     """``send --to s3://...``: archive STREAM there (``retrying``: ``resumable``, ``retries``, ``retry_delay``)."""
     from .archive.upload import upload
@@ -56,7 +82,7 @@ def send_to_archive(
     note = logger(True)
     done = upload(
         stream, location, s3, warn=warner(), key=key, notice=note,
-        retries=retrying["retries"] if key else 0, retry_delay=retrying["retry_delay"],
+        retries=retrying["retries"] if key else 0, retry_delay=retrying["retry_delay"], sealer=sealer(encrypt_key),
     )  # fmt: skip
     if done.resumed and not quiet:
         note(f"resumed at offset {done.resumed}: the parts before it were there already")
@@ -68,13 +94,19 @@ def send_to_archive(
         )
 
 
-def verify_archive(url: str, endpoint_url: str | None, workers: int | None, quiet: bool) -> None:
+def verify_archive(
+    url: str, endpoint_url: str | None, workers: int | None, encrypt_key: str | None, quiet: bool
+) -> None:
     """``verify s3://...``: every archived stream checked in place; a line for each."""
     from .archive.reading import verify
+    from .net.tls.keys import load_key
 
     location, s3 = where(url, endpoint_url)
+    key = load_key(encrypt_key, warner()) if encrypt_key else None
+    if key is not None:
+        sealer(encrypt_key)  # a key of the wrong size is refused before any worker starts
     bad = count = 0
-    for verdict in verify(s3, location, endpoint_url, workers):
+    for verdict in verify(s3, location, endpoint_url, workers, key):
         count += 1
         bad += verdict.problem is not None
         click.echo(f"{verdict.name}: {verdict.problem or 'ok'}")
@@ -89,7 +121,10 @@ def verify_archive(url: str, endpoint_url: str | None, workers: int | None, quie
 @click.option("-o", "--output", default=None, metavar="FILE", help="Write the streams to FILE (- for stdout).")
 @click.option("--exec", "command", default=None, metavar="CMD", help="Write the streams to the stdin of CMD (sh -c).")
 @endpoint_option
-def restore(url: str, output: str | None, command: str | None, endpoint_url: str | None) -> None:
+@encrypt_key_option
+def restore(
+    url: str, output: str | None, command: str | None, endpoint_url: str | None, encrypt_key: str | None
+) -> None:
     """Hand on the full stream and every incremental up to snapshot SUBVOLUME-UUID, in order.
 
     Each stream is read in place with ranged GETs and every command is
@@ -105,7 +140,7 @@ def restore(url: str, output: str | None, command: str | None, endpoint_url: str
         raise e.UsageError(f"{url!r} names no snapshot: s3://BUCKET/PREFIX/SUBVOLUME-UUID")
     target = Target(output or (None if command else "-"), command, encrypted=False)
     with target.sink(True, None, None, notify=warner()) as sink:
-        chain = restore_chain(s3, held, subvolume, sink.write)
+        chain = restore_chain(s3, held, subvolume, sink.write, sealer(encrypt_key))
     names = ", ".join(entry.name for entry in chain)
     click.echo(f"sendstream: restored {len(chain)} stream{'s' * (len(chain) != 1)}: {names}", err=True)
 
@@ -115,7 +150,7 @@ def archive() -> None:
     """What an archive in object storage (s3://BUCKET/PREFIX) holds."""
 
 
-@archive.command("ls")
+@archive.command("ls", epilog=epilog("archive ls"))
 @click.argument("url", metavar="s3://BUCKET/PREFIX")
 @click.option("--json", "as_json", is_flag=True, help="JSON: a list of chains, each a list of streams.")
 @endpoint_option
@@ -135,7 +170,7 @@ def archive_ls(url: str, as_json: bool, endpoint_url: str | None) -> None:
             click.echo(line + (f"  {entry.snapshot}" if entry.snapshot else ""))
 
 
-@archive.command("prune")
+@archive.command("prune", epilog=epilog("archive prune"))
 @click.argument("url", metavar="s3://BUCKET/PREFIX")
 @click.option("--keep-last", type=click.IntRange(1), default=None, help="Keep the last N snapshots stored.")
 @click.option("--keep-since", "since", metavar="DATE", default=None, help="Keep those stored on or after DATE (ISO).")

@@ -14,7 +14,7 @@ import click
 
 from . import __version__
 from .admin import key, man, serve
-from .archives import archive, endpoint_option, restore, verify_archive
+from .archives import archive, encrypt_key_option, endpoint_option, restore, verify_archive
 from .codec.crc import IMPLEMENTATION
 from .codec.native import PATH
 from .format.layout import MAX_VERSION
@@ -78,6 +78,7 @@ def dump(stream: str, **options: Any) -> None:
 @verbose_option("Say which verifier and CRC implementation ran.")
 @max_size_option
 @endpoint_option
+@encrypt_key_option
 @click.option(
     "--workers", type=click.IntRange(1), default=None, help="For s3://: streams checked at once (every core)."
 )
@@ -92,6 +93,7 @@ def verify(
     verbose: bool,
     max_command_size: int | None,
     endpoint_url: str | None,
+    encrypt_key: str | None,
     workers: int | None,
 ) -> None:
     """Check STREAM (a file or -): framing, CRCs, commands, attributes, END.
@@ -103,7 +105,7 @@ def verify(
     if verbose:
         click.echo(f"sendstream: verifier: {PATH}; crc32c: {IMPLEMENTATION}", err=True)
     if stream.startswith("s3://"):
-        verify_archive(stream, endpoint_url, workers, quiet)
+        verify_archive(stream, endpoint_url, workers, encrypt_key, quiet)
         return
     if scan:
         headers = list(find_headers(stream))

@@ -14,6 +14,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "sendstream verify snap.stream",
         "btrfs send /mnt/snap | sendstream verify",
         "sendstream verify --from-socket '*:7000' --key psk.key",
+        "sendstream verify s3://backups/host1",
     ),
     "convert": ("sendstream convert --to-version 1 new.stream old.stream",),
     "ls": ("sendstream ls incr.stream",),
@@ -22,7 +23,14 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "send": (
         "btrfs send /mnt/snap | sendstream send --to backup:7000 --key psk.key",
         "sendstream send --to backup:7000 --key psk.key --resumable --progress plain snap.stream",
+        "btrfs send /mnt/snap | sendstream send --to s3://backups/host1 --resumable --key psk.key -",
     ),
+    "restore": (
+        "sendstream restore s3://backups/host1/UUID --exec 'btrfs receive /mnt/restore'",
+        "sendstream restore s3://backups/host1/UUID -o chain.stream",
+    ),
+    "archive ls": ("sendstream archive ls s3://backups/host1", "sendstream archive ls --json s3://backups/host1"),
+    "archive prune": ("sendstream archive prune s3://backups/host1 --keep-last 14 --dry-run",),
     "receive": (
         "sendstream receive --listen '*:7000' --key psk.key --exec 'btrfs receive /mnt/backup'",
         "sendstream receive --listen '*:7000' --key psk.key --exec 'zstd -d | btrfs receive /mnt/backup'",

@@ -9,7 +9,7 @@ import click
 
 from . import errors as e
 from .admin import list_held
-from .archives import endpoint_option
+from .archives import encrypt_key_option, endpoint_option
 from .io.windows import open_input
 from .options import (
     ListenOptions,
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 @send_options
 @progress_options
 @endpoint_option
+@encrypt_key_option
 @verbose_option("Say which TLS path each direction uses (with why kTLS is off), and every reconnect.")
 def send(
     target: str,
@@ -59,6 +60,7 @@ def send(
     as_json: bool,
     show: ProgressOptions,
     endpoint_url: str | None,
+    encrypt_key: str | None,
     verbose: bool,
 ) -> None:
     """Check, heal and send STREAM (a file or -, e.g. from `btrfs send`) to HOST:PORT.
@@ -85,8 +87,10 @@ def send(
     if target.startswith("s3://"):
         from .archives import send_to_archive
 
-        send_to_archive(target, stream, endpoint_url, tls.key_file, sending.retrying(), show.quiet)
+        send_to_archive(target, stream, endpoint_url, tls.key_file, encrypt_key, sending.retrying(), show.quiet)
         return
+    if encrypt_key is not None:
+        raise e.UsageError("--encrypt-key is for s3://: a transfer is encrypted by TLS")
     if listing:
         list_held(sending.connector(target, tls, tls.key(), logger(verbose)), as_json)
         return

@@ -171,26 +171,27 @@ def _until_state(store: Store, bucket: str, parts: int) -> None:
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_an_upload_killed_at_a_seeded_point_resumes_to_the_same_object(store: Store, tmp_path: Path, seed: int) -> None:
+    """Seed 3 seals its parts too."""
     bucket, client = store.bucket(), store.client()
     path, whole = _long_stream(tmp_path, copies=150)  # 42 MB: five parts of 8 MiB
     key_file(tmp_path / "k.key")
+    key_file(tmp_path / "seal.key")
+    sealed = ["--encrypt-key", str(tmp_path / "seal.key")] if seed == 3 else []
     cut = random.Random(seed).randrange(17 << 20, len(whole) - (1 << 20))
-    proc = _slow_upload(store, f"s3://{bucket}/r", tmp_path / "k.key", whole, cut)
+    proc = _slow_upload(store, f"s3://{bucket}/r", tmp_path / "k.key", whole, cut, *sealed)
     _until_state(store, bucket, (cut >> 23) - 1)
     proc.kill()  # SIGKILL: it says nothing, and its upload stays
     proc.wait()
     changed = _changed(whole, 4 << 20)  # another valid stream, the same but for one command at 4 MiB
-    argv = ["send", "--to", f"s3://{bucket}/r", "--resumable", "--key", str(tmp_path / "k.key")]
+    argv = ["send", "--to", f"s3://{bucket}/r", "--resumable", "--key", str(tmp_path / "k.key"), *sealed]
     refused = run(store, *argv, "-", data=changed)
     assert refused.returncode == 2, refused.stderr
     assert b"differs from the earlier upload's before offset" in refused.stderr, refused.stderr
-    again = run(
-        store, "send", "--to", f"s3://{bucket}/r", str(path), "--resumable", "--key", str(tmp_path / "k.key"), "-v"
-    )
+    again = run(store, *argv, str(path), "-v")
     assert again.returncode == 0, again.stderr
     resumed = int(re.search(rb"resumed at offset (\d+)", again.stderr).group(1))  # type: ignore[union-attr]
     assert 16 << 20 <= resumed <= cut, (resumed, cut)
-    back = run(store, "restore", f"s3://{bucket}/r/{stream_identity(whole)['uuid']}", "-o", "-")
+    back = run(store, "restore", f"s3://{bucket}/r/{stream_identity(whole)['uuid']}", "-o", "-", *sealed)
     assert back.returncode == 0 and back.stdout == whole
     assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []  # no orphan parts
     keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]}
@@ -236,6 +237,51 @@ def test_the_store_stopped_mid_upload_and_started_again(store: Store, tmp_path: 
     back = run(store, "restore", f"s3://{bucket}/t/{stream_identity(whole)['uuid']}", "-o", "-")
     assert back.returncode == 0 and back.stdout == whole
     assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
+def test_sealed_parts_leave_nothing_readable_in_the_store(store: Store, tmp_path: Path) -> None:
+    bucket, client = store.bucket(), store.client()
+    path, whole = _long_stream(tmp_path, copies=40)  # 11 MB: two parts
+    for name in ("k", "other"):
+        key_file(tmp_path / f"{name}.key")
+    sealed = ["--encrypt-key", str(tmp_path / "k.key")]
+    incr = next(p for p in STREAMS if p.name == "rich-incr-v2.stream")
+    for stream in (path, incr):
+        assert run(store, "send", "--to", f"s3://{bucket}/e", str(stream), *sealed).returncode == 0
+    stored = {
+        o["Key"]: client.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()
+        for o in client.list_objects_v2(Bucket=bucket)["Contents"]
+    }
+    data = FULL.read_bytes()
+    cuts = boundaries(data)
+    samples = [
+        b"rich_base",
+        b"rich_incr",
+        *(data[c + 10 : c + 42] for c in cuts[1:-1:50]),
+    ]  # names, and pieces of every kind of command
+    for key, body in stored.items():
+        assert not any(sample in body for sample in samples), key
+    note = json.loads(stored[f"e/{name_of(whole)}.json"])
+    assert note["encryption"]["cipher"] == "AES-256-GCM" and "snapshot" not in note
+    assert [len(p) for p in (o["parts"] for o in note["objects"])] == [2]
+    uuid = stream_identity(whole)["uuid"]
+    back = run(store, "restore", f"s3://{bucket}/e/{uuid}", "-o", "-", *sealed)
+    assert back.returncode == 0 and back.stdout == whole, back.stderr
+    plain = run(store, "restore", f"s3://{bucket}/e/{uuid}", "-o", "-")
+    assert plain.returncode == 2 and b"is encrypted (sha256:" in plain.stderr and b"--encrypt-key" in plain.stderr
+    other = run(store, "restore", f"s3://{bucket}/e/{uuid}", "-o", "-", "--encrypt-key", str(tmp_path / "other.key"))
+    assert other.returncode == 2 and b"is sealed with key sha256:" in other.stderr
+    ok = run(store, "verify", f"s3://{bucket}/e", *sealed)
+    assert ok.returncode == 0 and ok.stdout.decode().count(": ok\n") == 2, ok
+    body = bytearray(stored[f"e/{name_of(whole)}"])
+    body[(9 << 20)] ^= 1  # in the second part
+    client.put_object(Bucket=bucket, Key=f"e/{name_of(whole)}", Body=bytes(body))
+    bad = run(store, "verify", f"s3://{bucket}/e", *sealed)
+    first = note["objects"][0]["parts"][0] - 28  # where the second part's content starts in the stream
+    assert (
+        bad.returncode == 1
+        and f"offset {first}: differs from its manifest: part 2 does not open".encode() in bad.stdout
+    ), bad
 
 
 def test_the_same_stream_twice_is_refused_and_ls_shows_chains(store: Store) -> None:

@@ -427,13 +427,16 @@ def _arguments(path: list[str], tmp_path: Path, missing: str) -> list[str]:
         if param.param_type_name == "argument":
             if param.name == "directory":
                 args.append(str(tmp_path))
+            elif param.name == "url":  # an archive in object storage: its address, never reached here
+                args.append("s3://no-such-bucket-here/p")
             elif param.name == "target":
                 args.append(str(tmp_path / "out"))
             else:
                 args.append(missing)
         elif param.required:
             args += [param.opts[0], f"127.0.0.1:{free_port()}"]
-    keys = [o for p in command.params for o in p.opts if o.endswith("-key") or o == "--key"]
+    archive = any(p.name == "url" for p in command.params)  # --encrypt-key is for archives only
+    keys = [o for p in command.params for o in p.opts if o.endswith("-key") and (archive or o != "--encrypt-key")]
     args += [a for k in keys for a in (k, missing)]  # a network end: its key file is missing
     return args
 

@@ -18,6 +18,7 @@ from typing import Any
 from .. import errors as e
 from ..ops.identity import checked_integer, load_json
 from ..ops.stored import MANIFEST_FORMAT
+from .seal import CIPHER
 from .store import Location, calling
 
 MANIFEST_SUFFIX = ".stream.json"
@@ -40,6 +41,8 @@ class Entry:
     commands: int
     ledger: str
     objects: tuple[tuple[str, int], ...]  # names under the prefix, and sizes, in order
+    sealed: str = ""  # the fingerprint of the key its parts are sealed with (:mod:`.seal`)
+    parts: tuple[tuple[int, ...], ...] = ()  # sealed: the size of each part, object by object
 
     @property
     def ident(self) -> tuple[str, int]:
@@ -96,6 +99,14 @@ def _entry(body: Any, name: str) -> Entry:
     objects = tuple((str(o["key"]), checked_integer(o["size"], "an object's size")) for o in body["objects"])
     if any("/" in key for key, _ in objects):
         raise ValueError("an object outside the prefix")
+    sealed, parts = "", ()  # type: tuple[str, tuple[tuple[int, ...], ...]]
+    if "encryption" in body:
+        if body["encryption"].get("cipher") != CIPHER:
+            raise ValueError(f"cipher {body['encryption'].get('cipher')!r}, not {CIPHER}")
+        sealed = str(body["encryption"]["key"])
+        parts = tuple(tuple(checked_integer(n, "a part's size") for n in o["parts"]) for o in body["objects"])
+        if any(sum(sizes) != size for sizes, (_, size) in zip(parts, objects, strict=True)):
+            raise ValueError("its parts do not make its objects")
     return Entry(
         name=name,
         uuid=str(stream["uuid"]),
@@ -108,6 +119,8 @@ def _entry(body: Any, name: str) -> Entry:
         commands=checked_integer(body["commands"], "commands"),
         ledger=str(body["ledger"]),
         objects=objects,
+        sealed=sealed,
+        parts=parts,
     )
 
 

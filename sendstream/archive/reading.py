@@ -26,6 +26,7 @@ from ..io.windows import file_events
 from ..ops.ledger import Ledger
 from ..ops.repair import Healer
 from .catalog import Entry, chain_to, entries
+from .seal import SEAL_OVERHEAD, Sealer
 from .store import Location, calling, connect
 
 CHUNK = 8 << 20
@@ -40,13 +41,13 @@ class RangedReader:
     """
 
     def __init__(
-        self, s3: Any, location: Location, objects: tuple[tuple[str, int], ...], chunk: int = CHUNK, digest: Any = None
+        self, s3: Any, location: Location, entry: Entry, *, digest: Any = None, sealer: Sealer | None = None
     ) -> None:
         self._s3 = s3
         self._location = location
-        self._ranges = iter(
-            [(name, start, min(start + chunk, size)) for name, size in objects for start in range(0, size, chunk)]
-        )
+        self._entry = entry
+        self._sealer = sealer
+        self._ranges = iter(_ranges(entry))
         self._pool = ThreadPoolExecutor(AHEAD, thread_name_prefix="sendstream-get")
         self._ahead: deque[Future[bytes]] = deque()
         self._digest = digest
@@ -60,7 +61,7 @@ class RangedReader:
         if (span := next(self._ranges, None)) is not None:
             self._ahead.append(self._pool.submit(self._get, *span))
 
-    def _get(self, name: str, start: int, end: int) -> bytes:
+    def _get(self, name: str, start: int, end: int, index: int, offset: int) -> bytes:
         url = self._location.url(name)
         with calling(url):
             answer = self._s3.get_object(
@@ -69,6 +70,8 @@ class RangedReader:
             data: bytes = answer["Body"].read()
         if len(data) != end - start:
             raise e.StoreError(url, f"bytes {start}-{end - 1} came back as {len(data)} bytes: the object is shorter")
+        if self._sealer is not None:
+            data = self._sealer.open(data, self._entry.name, index, offset)
         return data
 
     def readinto(self, view: Any) -> int:
@@ -93,18 +96,55 @@ class RangedReader:
         self._hasher.shutdown()
 
 
-def check(s3: Any, location: Location, entry: Entry, write: Callable[[Any], object] = lambda data: None) -> None:
-    """Read the stream of ``entry`` in place and check every command before ``write`` gets it; then
-    hold it to its manifest (:class:`~sendstream.errors.ManifestMismatch` when it differs)."""
+def _ranges(entry: Entry) -> Iterator[tuple[str, int, int, int, int]]:
+    """What to GET, in order: object, start, end, the part's number and its stream offset (sealed: a
+    part at a time; else :data:`CHUNK` bytes at a time)."""
+    index = offset = 0
+    for k, (name, size) in enumerate(entry.objects):
+        if entry.sealed:
+            start = 0
+            for part in entry.parts[k]:
+                index += 1
+                yield name, start, start + part, index, offset
+                start, offset = start + part, offset + part - SEAL_OVERHEAD
+        else:
+            for start in range(0, size, CHUNK):
+                yield name, start, min(start + CHUNK, size), 0, offset
+                offset += min(CHUNK, size - start)
+
+
+def opener(entry: Entry, location: Location, key: Sealer | None) -> Sealer | None:
+    """The sealer that opens ``entry``'s parts: ``key``'s, when it is the one they were sealed with."""
+    if not entry.sealed:
+        return None
+    if key is None:
+        raise e.UsageError(f"{location.url(entry.name)} is encrypted ({entry.sealed}): give --encrypt-key FILE")
+    if key.fingerprint != entry.sealed:
+        raise e.UsageError(
+            f"{location.url(entry.name)} is sealed with key {entry.sealed}, not with --encrypt-key's {key.fingerprint}"
+        )
+    return key
+
+
+def check(
+    s3: Any,
+    location: Location,
+    entry: Entry,
+    write: Callable[[Any], object] = lambda data: None,
+    key: Sealer | None = None,
+) -> None:
+    """Read the stream of ``entry`` in place (opening its parts with ``key`` when sealed) and check every
+    command before ``write`` gets it; then hold it to its manifest
+    (:class:`~sendstream.errors.ManifestMismatch` when it differs)."""
     digest, ledger = hashlib.sha256(), Ledger()
-    reader = RangedReader(s3, location, entry.objects, digest=digest)
+    reader = RangedReader(s3, location, entry, digest=digest, sealer=opener(entry, location, key))
     try:
         healer = Healer(write, ledger=ledger)
         for event in file_events(reader, Framer(), healer.batch):  # type: ignore[arg-type]
             healer.event(event)
     finally:
         reader.close()
-    stored = sum(size for _, size in entry.objects)
+    stored = sum(size for _, size in entry.objects) - SEAL_OVERHEAD * sum(len(p) for p in entry.parts)
     for what, expected, actual in (
         ("restarts", 0, healer.restart_count),
         ("size", entry.size, healer.written),
@@ -119,12 +159,16 @@ def check(s3: Any, location: Location, entry: Entry, write: Callable[[Any], obje
             )
 
 
-def restore(s3: Any, location: Location, subvolume: str, write: Callable[[Any], object]) -> list[Entry]:
+def restore(
+    s3: Any, location: Location, subvolume: str, write: Callable[[Any], object], key: Sealer | None = None
+) -> list[Entry]:
     """Hand on every stream that makes ``subvolume`` (the full stream, then each incremental) in
     order, each command checked before it goes on; the streams."""
     chain = chain_to(entries(s3, location), subvolume, location)
     for entry in chain:
-        check(s3, location, entry, write)
+        opener(entry, location, key)  # every key is right before anything goes out
+    for entry in chain:
+        check(s3, location, entry, write, key)
     return chain
 
 
@@ -142,6 +186,7 @@ def verify(
     location: Location,
     endpoint_url: str | None,
     workers: int | None = None,
+    key: bytes | None = None,
 ) -> Iterator[Verdict]:
     """Check every stream archived at ``location`` in place, ``workers`` (every core) at once, each in
     a process of its own with its own connection; verdicts in the archive's order as they come."""
@@ -149,7 +194,7 @@ def verify(
     workers = workers or len(os.sched_getaffinity(0))
     context = multiprocessing.get_context("spawn")  # no fork of a process with threads and connections
     with ProcessPoolExecutor(min(workers, max(1, len(found))), mp_context=context) as pool:
-        jobs = [pool.submit(_verdict, endpoint_url, location, entry) for entry in found]
+        jobs = [pool.submit(_verdict, endpoint_url, location, entry, key) for entry in found]
         for job in jobs:
             yield job.result()
 
@@ -157,12 +202,12 @@ def verify(
 _CLIENT: Any = None
 
 
-def _verdict(endpoint_url: str | None, location: Location, entry: Entry) -> Verdict:
+def _verdict(endpoint_url: str | None, location: Location, entry: Entry, key: bytes | None) -> Verdict:
     global _CLIENT
     if _CLIENT is None:
         _CLIENT = connect(endpoint_url)
     try:
-        check(_CLIENT, location, entry)
+        check(_CLIENT, location, entry, key=Sealer(key) if key is not None else None)
     except e.SendStreamError as exc:
         return Verdict(entry.name, entry.size, str(exc))
     return Verdict(entry.name, entry.size, None)

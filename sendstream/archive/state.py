@@ -100,7 +100,7 @@ def load(s3: Any, location: Location, name: str, key: bytes) -> UploadState | No
             stream=check_identity(fields["stream"]),
             upload_id=str(fields["upload_id"]),
             key=str(fields["key"]),
-            objects=[{"key": str(o["key"]), "size": checked_integer(o["size"], "size")} for o in fields["objects"]],
+            objects=[_object(o) for o in fields["objects"]],
             parts=parts,
             offset=checked_integer(fields["offset"], "offset"),
             commands=checked_integer(fields["commands"], "commands"),
@@ -108,6 +108,13 @@ def load(s3: Any, location: Location, name: str, key: bytes) -> UploadState | No
         )
     except (e.SessionError, KeyError, TypeError, ValueError) as exc:
         raise e.ResumeError(f"{url} is not an upload state of ours ({exc}): remove it to start over") from None
+
+
+def _object(o: Any) -> dict[str, Any]:
+    done = {"key": str(o["key"]), "size": checked_integer(o["size"], "size")}
+    if "parts" in o:
+        done["parts"] = [checked_integer(size, "a part's size") for size in o["parts"]]
+    return done
 
 
 def forget(s3: Any, location: Location, name: str) -> None:

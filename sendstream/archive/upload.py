@@ -37,6 +37,7 @@ from ..ops.ledger import Ledger
 from ..ops.repair import Healer
 from ..ops.stored import manifest, stream_name
 from . import state
+from .seal import SEAL_OVERHEAD, Sealer
 from .store import Location, calling, missing
 
 PART_SIZE = 8 << 20
@@ -89,8 +90,10 @@ class Parts:
         retries: int = 0,
         retry_delay: float = 1.0,
         notice: Callable[[str], object] = lambda text: None,
+        sealer: Sealer | None = None,
     ) -> None:
         self._s3 = s3
+        self._sealer = sealer
         self.location = location
         self._part_size = part_size
         self._max_object = max_object
@@ -186,6 +189,7 @@ class Parts:
             self.parts += 1
             self.size = end
             return
+        stored = len(part) + (SEAL_OVERHEAD if self._sealer else 0)
         if self.size < self._skip_to:
             raise e.ResumeError(
                 f"this run cuts a part at offset {end}, the earlier run at {self._skip_to}: "
@@ -193,13 +197,13 @@ class Parts:
             )
         current = self._current
         assert self.name is not None
-        if current is None or current.parts == MAX_PARTS or current.size + len(part) > self._max_object:
+        if current is None or current.parts == MAX_PARTS or current.size + stored > self._max_object:
             if current is not None:
                 self._complete(current)
             current = self._current = self._begin(self.name + (f".{len(self.objects)}" if self.objects else ""))
         self._hash(part)
         current.parts += 1
-        current.size += len(part)
+        current.size += stored
         self.parts += 1
         self.size = end
         mark = self._ledger.at(end) if self._key else None  # (computed now: the ledger is at this write)
@@ -208,9 +212,9 @@ class Parts:
             while self._flying and self._flying + len(part) > self._budget:
                 self._cond.wait()
             self._flying += len(part)
-        future = self._pool.submit(self._upload, current, current.parts, part)
+        future = self._pool.submit(self._upload, current, current.parts, self.parts, part)
         with self._recording:
-            self._flights.append((future, current.parts, len(part), end, mark))
+            self._flights.append((future, current.parts, stored, end, mark))
         if self._key:
             future.add_done_callback(lambda _: self._record())  # the state follows each part as it completes
 
@@ -263,21 +267,26 @@ class Parts:
         self._current = _Object(earlier.key, earlier.upload_id, size, len(earlier.parts))
         self._notice(f"taking up the upload an earlier run began: {earlier.offset} bytes are there")
 
-    def _upload(self, obj: _Object, number: int, part: bytearray) -> str:
+    def _upload(self, obj: _Object, number: int, index: int, part: bytearray) -> str:
+        size = len(part)
+        body: Any = part
         try:
+            if self._sealer is not None:
+                assert self.name is not None
+                body = self._sealer.seal(part, self.name, index)
             answer = self.call(
                 f"{obj.key} part {number}",
                 self._s3.upload_part,
                 Key=self.location.key(obj.key),
                 UploadId=obj.upload_id,
                 PartNumber=number,
-                Body=part,
-                ChecksumCRC32C=standard_crc32c(part),
+                Body=body,
+                ChecksumCRC32C=standard_crc32c(body),
             )
             return str(answer["ETag"])
         finally:
             with self._cond:
-                self._flying -= len(part)
+                self._flying -= size
                 self._cond.notify_all()
 
     def _record(self, wait: bool = False) -> None:
@@ -352,7 +361,10 @@ class Parts:
             UploadId=obj.upload_id,
             MultipartUpload={"Parts": parts},
         )
-        self.objects.append({"key": obj.key, "size": obj.size})
+        done = {"key": obj.key, "size": obj.size}
+        if self._sealer is not None:
+            done["parts"] = [size for _, _, size in self._done]  # where each sealed part is
+        self.objects.append(done)
         self._current = None
 
 
@@ -395,6 +407,7 @@ def upload(
     retries: int = 0,
     retry_delay: float = 1.0,
     notice: Callable[[str], object] = lambda text: None,
+    sealer: Sealer | None = None,
     **origin: Any,
 ) -> Archived:
     """Check and heal ``source`` and archive the clean stream at ``location``, named by what it is,
@@ -402,12 +415,13 @@ def upload(
     hears the size of every write taken (a session acknowledges what is taken).
 
     With ``key`` the upload is resumable (:class:`Parts`): run again with the same stream, it takes up
-    where the earlier run's last part completed, checking the stream against the ledger there.
+    where the earlier run's last part completed, checking the stream against the ledger there. With
+    ``sealer`` every part is encrypted and authenticated before it leaves (:class:`~.seal.Sealer`).
     """
     ledger, digest = Ledger(), hashlib.sha256()
     parts = Parts(
         s3, location, part_size=part_size, max_object=max_object, digest=digest, ledger=ledger,
-        key=key, retries=retries, retry_delay=retry_delay, notice=notice,
+        key=key, retries=retries, retry_delay=retry_delay, notice=notice, sealer=sealer,
     )  # fmt: skip
     try:
         with FramedInput(source, max_command_size=max_command_size, warn=warn, skip=(e.StreamRestarted,)) as stream:
@@ -425,8 +439,9 @@ def upload(
         sha256=digest.hexdigest(),
         commands=ledger.commands,
         ledger=ledger.digest(),
-        snapshot=parts.snapshot,
         objects=parts.objects,
+        # sealed: the content is not readable without the key, and neither is the snapshot's name
+        **({"encryption": sealer.description} if sealer else {"snapshot": parts.snapshot}),
         **(origin or {"host": socket.gethostname()}),
     )
     parts.call(parts.name + ".json", s3.put_object, Key=location.key(parts.name + ".json"), Body=record)
