@@ -13,7 +13,7 @@ The stream is ``bigwrite.stream`` of ``tools/bench.py`` (a real ``btrfs send`` o
 
 Each reference runs in a Python process of its own, as ours does.
 
-Then ``--streams`` streams of 8 MiB each are archived and ``sendstream verify s3://`` checks them all
+Then ``--streams`` streams of 32 MiB each are archived and ``sendstream verify s3://`` checks them all
 with 1 and with 2 worker processes. Wall time, CPU seconds of each side (ours from ``os.wait4``, the
 store's from ``/proc``) and our peak RSS are reported; the best of ``--repeat``. Report (markdown) on
 stdout.
@@ -103,7 +103,7 @@ def _small_streams(n: int) -> list[bytes]:
             encode_command(Command.build("subvol", [("path", b"s"), ("uuid", uuid.uuid4()), ("ctransid", 1)]), 2)
         )
         out.append(encode_command(Command.build("mkfile", [("path", b"f"), ("ino", 257)]), 2))
-        for i in range(128):
+        for i in range(512):
             out.append(
                 encode_command(Command.build("write", [("path", b"f"), ("file_offset", i << 16), ("data", data)]), 2)
             )
