@@ -370,7 +370,7 @@ def test_the_service_stores_a_clients_streams_in_its_bucket(store: Store, tmp_pa
         try:
             wait_listening(port)
             client = ["--to", f"127.0.0.1:{port}", "--key", str(tmp_path / "alpha.key"), "--identity", "alpha"]
-            sent = [run(store, "send", *client, str(stream), "--progress", "none") for stream in (full, incr)]
+            sent = [run(store, "send", *client, str(full)), run(store, "send", *client, str(incr), "--resumable")]
             listed = run(store, "send", *client, "--list", str(full))
         finally:
             proc.terminate()

@@ -60,12 +60,18 @@ class ConfigError(UsageError):
 @dataclasses.dataclass(frozen=True)
 class Client:
     """A client: its identity, its key, and its place: the directory its streams are stored in
-    (``receive`` False) or received into by ``btrfs receive`` (``receive`` True)."""
+    (``receive`` False) or received into by ``btrfs receive`` (``receive`` True), or the bucket
+    (``s3://...``) its streams are archived in."""
 
     identity: str
     key: bytes = dataclasses.field(repr=False)
     place: str
     receive: bool = False
+
+    @property
+    def archive(self) -> bool:
+        """Whether its place is a bucket."""
+        return self.place.startswith("s3://")
 
 
 @dataclasses.dataclass(frozen=True)

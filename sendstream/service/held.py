@@ -25,7 +25,7 @@ _FIELDS = ("uuid", "ctransid", "parent_uuid", "parent_ctransid")
 
 def held(client: Client, s3: Any = None) -> list[dict[str, Any]]:
     """The snapshots in ``client``'s place (its bucket: through ``s3``, or a new client), by name."""
-    if client.place.startswith("s3://"):
+    if client.archive:
         found = _archived(client.place, s3)
     else:
         found = _received(client.place) if client.receive else _stored(client.place)

@@ -191,7 +191,7 @@ class Service:
         claims: list[str] = []
         try:
             checkpoint = None
-            if opening.identity is not None:
+            if opening.identity is not None and not client.archive:  # (a bucket keeps no journal)
                 journal = os.path.join(client.place, incoming_name(opening.identity))
                 self._hold([f"path {journal}"], claims, client)
                 checkpoint = kept(journal, client.key, opening.identity)
@@ -206,7 +206,7 @@ class Service:
                 self._active[client.identity].add(session)
             resumed = {"resumed": checkpoint.offset} if checkpoint else {}
             self.log("transfer", **fields, compressed=opening.channel.compressed, **resumed)
-            if client.place.startswith("s3://"):
+            if client.archive:
                 name, size, names = self._archive(session, client, opening.peer)
             elif client.receive:
                 child = {"say": lambda line: self.log("btrfs-receive", **fields, line=line)}
