@@ -1,8 +1,9 @@
 """Archived streams read in place: ranged GETs, every command checked, each stream held to its manifest.
 
 :func:`check` reads one stream (its objects in order) with ranged GETs of
-:data:`CHUNK` bytes, the next one fetched while this one is checked, so
-that a reader holds at most two chunks whatever the stream's size. Every
+:data:`CHUNK` bytes (a sealed part at a time, when sealed), :data:`AHEAD`
+fetched while the one before is checked, so that a reader holds at most
+``2 * AHEAD + 1`` of them whatever the stream's size. Every
 command is checked (framing, CRC) before it is handed on; at the end the
 size, SHA-256, command count and ledger must be the manifest's.
 :func:`restore` hands a chain on, full stream first; :func:`verify` checks
@@ -26,6 +27,7 @@ from ..io.windows import file_events
 from ..ops.ledger import Ledger
 from ..ops.repair import Healer
 from .catalog import Entry, chain_to, entries
+from .hashing import Hasher
 from .seal import SEAL_OVERHEAD, Sealer
 from .store import Location, calling, connect
 
@@ -50,9 +52,7 @@ class RangedReader:
         self._ranges = iter(_ranges(entry))
         self._pool = ThreadPoolExecutor(AHEAD, thread_name_prefix="sendstream-get")
         self._ahead: deque[Future[bytes]] = deque()
-        self._digest = digest
-        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="sendstream-hash")
-        self._hashing: deque[Future[None]] = deque()
+        self._hasher = Hasher(digest, AHEAD) if digest is not None else None
         self._current = memoryview(b"")
         for _ in range(AHEAD):
             self._fetch()
@@ -80,10 +80,8 @@ class RangedReader:
                 return 0
             data = self._ahead.popleft().result()
             self._fetch()
-            if self._digest is not None:
-                while len(self._hashing) >= AHEAD:
-                    self._hashing.popleft().result()
-                self._hashing.append(self._hasher.submit(self._digest.update, data))
+            if self._hasher is not None:
+                self._hasher.update(data)
             self._current = memoryview(data)
         n = min(len(view), len(self._current))
         view[:n] = self._current[:n]
@@ -93,7 +91,8 @@ class RangedReader:
     def close(self) -> None:
         """Stop fetching; every range read so far is hashed when this returns."""
         self._pool.shutdown(cancel_futures=True)
-        self._hasher.shutdown()
+        if self._hasher is not None:
+            self._hasher.close()
 
 
 def _ranges(entry: Entry) -> Iterator[tuple[str, int, int, int, int]]:

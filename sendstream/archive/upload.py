@@ -10,7 +10,8 @@ part carries its standard CRC-32C (:func:`standard_crc32c`) as the S3
 additional checksum, which the store checks as it takes the part. Only a
 whole, checked stream is completed; its manifest (:mod:`sendstream.ops.stored`)
 is written last, and a stream is archived when its manifest is. On any
-failure the multipart upload is aborted: no parts are left behind.
+failure the multipart upload is aborted, no parts left behind, unless it is
+resumable (:class:`Parts`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
-import os
 import socket
 import threading
 import time
@@ -32,11 +32,12 @@ from .. import errors as e
 from ..codec.crc import crc32c
 from ..format.layout import COMMAND_HEADER_SIZE, STREAM_MAGIC
 from ..io.framed import FramedInput, StreamSource
-from ..ops.identity import first_command, stream_identity
+from ..ops.identity import snapshot_name, stream_identity
 from ..ops.ledger import Ledger
 from ..ops.repair import Healer
 from ..ops.stored import manifest, stream_name
 from . import state
+from .hashing import Hasher
 from .seal import SEAL_OVERHEAD, Sealer
 from .store import Location, calling, missing
 
@@ -98,9 +99,7 @@ class Parts:
         self._part_size = part_size
         self._max_object = max_object
         self._budget = in_flight
-        self._digest = digest  # of every part, in order, in a thread of its own (beside the checks)
-        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="sendstream-hash")
-        self._hashing: deque[Future[None]] = deque()
+        self._hasher = Hasher(digest, 2) if digest is not None else None  # of every part, in order
         self._ledger = ledger or Ledger()
         self._key, self._retries, self._retry_delay, self._notice = key, retries, retry_delay, notice
         self._buffer = bytearray()
@@ -151,13 +150,15 @@ class Parts:
         assert self._current is not None
         self._complete(self._current)
         self._pool.shutdown()
-        self._hasher.shutdown()
+        if self._hasher is not None:
+            self._hasher.close()
 
     def stop(self) -> None:
         """On a failure: a resumable upload keeps what completed (its state saved); any other is aborted,
         its parts removed."""
         self._pool.shutdown(cancel_futures=not self._key)
-        self._hasher.shutdown(cancel_futures=True)
+        if self._hasher is not None:
+            self._hasher.close(cancel=True)
         if self._current is None:
             return
         if self._key:
@@ -207,6 +208,7 @@ class Parts:
         self.parts += 1
         self.size = end
         mark = self._ledger.at(end) if self._key else None  # (computed now: the ledger is at this write)
+        self._record()  # the parts done go, so that only those in flight are looked at
         self._raise_failed()
         with self._cond:
             while self._flying and self._flying + len(part) > self._budget:
@@ -225,16 +227,13 @@ class Parts:
             failed.result()
 
     def _hash(self, part: bytearray) -> None:
-        if self._digest is not None:
-            while len(self._hashing) > 1:
-                self._hashing.popleft().result()
-            self._hashing.append(self._hasher.submit(self._digest.update, part))
+        if self._hasher is not None:
+            self._hasher.update(part)
 
     def _named(self, prefix: bytes) -> None:
         """The stream says what it is: name it, refuse it when archived, take up an earlier run's upload."""
         self.identity = stream_identity(prefix)
-        first = first_command(prefix)[1]
-        self.snapshot = os.fsdecode(first.get("path", b"")) if first is not None else ""
+        self.snapshot = snapshot_name(prefix)
         self.name = stream_name(self.identity)
         _refuse_archived(self._s3, self.location, self.name)
         if self._key and (earlier := state.load(self._s3, self.location, self.name, self._key)) is not None:
@@ -319,28 +318,30 @@ class Parts:
             commands,
             ledger,
         )
-        for attempt in range(self._retries + 1):
-            try:
-                return state.save(self._s3, self.location, self.name, now, self._key)
-            except e.StoreError as exc:
-                self._wait(exc, attempt)
+        key = self._key
+        self._retrying(lambda: state.save(self._s3, self.location, self.name or "", now, key))
 
     def call(self, name: str, method: Callable[..., Any], **arguments: Any) -> Any:
         """``method`` of the store on ``name`` (under the prefix), tried again when it may work later."""
+
+        def once() -> Any:
+            with calling(self.location.url(name)):
+                return method(Bucket=self.location.bucket, **arguments)
+
+        return self._retrying(once)
+
+    def _retrying(self, request: Callable[[], Any]) -> Any:
+        """``request()``, tried again ``retries`` times (waiting, doubling) while its error may pass."""
         for attempt in range(self._retries + 1):
             try:
-                with calling(self.location.url(name)):
-                    return method(Bucket=self.location.bucket, **arguments)
+                return request()
             except e.StoreError as exc:
-                self._wait(exc, attempt)
+                if attempt >= self._retries or not exc.retryable:
+                    raise
+                delay = min(self._retry_delay * 2**attempt, MAX_BACKOFF)
+                self._notice(f"{exc}; retry {attempt + 1}/{self._retries} in {delay:g} s")
+                time.sleep(delay)
         raise AssertionError("unreachable")
-
-    def _wait(self, exc: e.StoreError, attempt: int) -> None:
-        if attempt >= self._retries or not exc.retryable:
-            raise exc
-        delay = min(self._retry_delay * 2**attempt, MAX_BACKOFF)
-        self._notice(f"{exc}; retry {attempt + 1}/{self._retries} in {delay:g} s")
-        time.sleep(delay)
 
     def _begin(self, name: str) -> _Object:
         answer = self.call(name, self._s3.create_multipart_upload, Key=self.location.key(name))

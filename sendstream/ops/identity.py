@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from typing import Any
 
@@ -136,6 +137,12 @@ def first_command(prefix: bytes) -> tuple[int | None, Command | None]:
     except e.SendStreamError:
         pass
     return version, None
+
+
+def snapshot_name(prefix: bytes) -> str:
+    """The name of the subvolume the stream that starts with ``prefix`` makes ("" when it does not say)."""
+    command = first_command(prefix)[1]
+    return os.fsdecode(command.get("path", b"")) if command is not None else ""
 
 
 def stream_identity(prefix: bytes) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from ..net.session.receiver import Opening, SessionReceiver, open_connection
 from ..net.sinks import ChildSink
 from ..net.tls import accept_channel
 from ..net.tls.keys import fingerprint
-from ..ops.identity import first_command, stream_identity
+from ..ops.identity import snapshot_name, stream_identity
 from ..ops.ledger import Checkpoint, Ledger
 from ..ops.stored import manifest, stream_name
 from .config import Client, Config
@@ -387,8 +387,7 @@ def _named(
         place.unlink(note)
         raise
     place.sync()
-    _, first = first_command(prefix)
-    snapshot = os.fsdecode(first.get("path", b"")) if first is not None else ""
+    snapshot = snapshot_name(prefix)
     return name, size, (snapshot,) if snapshot else ()
 
 
