@@ -10,6 +10,7 @@ import click
 
 from . import errors as e
 from .manual import epilog
+from .net.progress import size
 from .terminal import Group, logger, warner
 
 if TYPE_CHECKING:
@@ -40,14 +41,6 @@ def sealer(key_file: str | None) -> Any:
     from .net.tls.keys import load_key
 
     return Sealer(load_key(key_file, warner()))
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    raise AssertionError
 
 
 def where(url: str, endpoint_url: str | None) -> tuple[Location, object]:
@@ -99,12 +92,10 @@ def verify_archive(
 ) -> None:
     """``verify s3://...``: every archived stream checked in place; a line for each."""
     from .archive.reading import verify
-    from .net.tls.keys import load_key
 
     location, s3 = where(url, endpoint_url)
-    key = load_key(encrypt_key, warner()) if encrypt_key else None
-    if key is not None:
-        sealer(encrypt_key)  # a key of the wrong size is refused before any worker starts
+    seal = sealer(encrypt_key)  # a key of the wrong size is refused before any worker starts
+    key = seal.key if seal is not None else None
     bad = count = 0
     for verdict in verify(s3, location, endpoint_url, workers, key):
         count += 1
@@ -166,7 +157,7 @@ def archive_ls(url: str, as_json: bool, endpoint_url: str | None) -> None:
     for tree in trees:
         for depth, entry in tree:
             kind = "full" if entry.parent is None else ("incremental" if depth else "incremental, parent missing")
-            line = f"{'  ' * depth}{entry.uuid}.{entry.ctransid}  {kind}  {_size(entry.size)}  {entry.stored}"
+            line = f"{'  ' * depth}{entry.uuid}.{entry.ctransid}  {kind}  {size(entry.size)}  {entry.stored}"
             click.echo(line + (f"  {entry.snapshot}" if entry.snapshot else ""))
 
 
@@ -185,7 +176,7 @@ def archive_prune(url: str, keep_last: int | None, since: str | None, dry_run: b
     for entry in dropped:
         if not dry_run:
             remove(s3, location, entry)
-        click.echo(f"{'would delete' if dry_run else 'deleted'} {entry.name}  {_size(entry.size)}  {entry.stored}")
+        click.echo(f"{'would delete' if dry_run else 'deleted'} {entry.name}  {size(entry.size)}  {entry.stored}")
     gone = sum(x.size for x in dropped)
     verb = "would go" if dry_run else "deleted"
-    click.echo(f"sendstream: {len(kept)} kept, {len(dropped)} {verb} ({_size(gone)})", err=True)
+    click.echo(f"sendstream: {len(kept)} kept, {len(dropped)} {verb} ({size(gone)})", err=True)

@@ -35,6 +35,7 @@ class Sealer:
         if len(key) != 32:
             raise e.UsageError(f"an encryption key is 32 bytes (sendstream key new FILE makes one), not {len(key)}")
         self._aead = AESGCM(key)
+        self.key = key  # for a process of its own to make its sealer from
         self.fingerprint = fingerprint(key)
 
     @property
