@@ -169,8 +169,9 @@ def archive_ls(url: str, as_json: bool, endpoint_url: str | None) -> None:
 @endpoint_option
 def archive_prune(url: str, keep_last: int | None, since: str | None, dry_run: bool, endpoint_url: str | None) -> None:
     """Delete old streams, never one that a kept snapshot needs (its parent, up to its full stream)."""
-    from .archive.catalog import entries, plan_prune, remove
+    from .archive.catalog import entries, keeping, plan_prune, remove
 
+    keeping(keep_last, since)  # before the store is asked anything
     location, s3 = where(url, endpoint_url)
     kept, dropped = plan_prune(entries(s3, location), keep_last, since)
     for entry in dropped:

@@ -165,11 +165,8 @@ def chain_to(found: list[Entry], subvolume: str, location: Location) -> list[Ent
     return chain[::-1]
 
 
-def plan_prune(
-    found: list[Entry], keep_last: int | None = None, since: str | None = None
-) -> tuple[list[Entry], list[Entry]]:
-    """What to keep and what may go: the last ``keep_last`` streams stored (and those stored at or after
-    ``since``, an ISO date), with every stream a kept one builds on, up to its full stream; both by age."""
+def keeping(keep_last: int | None, since: str | None) -> None:
+    """Refuse a prune that says nothing of what to keep, or a date that is none."""
     if keep_last is None and since is None:
         raise e.UsageError("say what to keep: --keep-last N or --keep-since DATE")
     if since is not None:
@@ -177,6 +174,14 @@ def plan_prune(
             datetime.datetime.fromisoformat(since)
         except ValueError:
             raise e.UsageError(f"--keep-since {since!r} is not an ISO date (2026-12-01, 2026-12-01T06:00)") from None
+
+
+def plan_prune(
+    found: list[Entry], keep_last: int | None = None, since: str | None = None
+) -> tuple[list[Entry], list[Entry]]:
+    """What to keep and what may go: the last ``keep_last`` streams stored (and those stored at or after
+    ``since``, an ISO date), with every stream a kept one builds on, up to its full stream; both by age."""
+    keeping(keep_last, since)
     ordered = sorted(found, key=lambda x: (x.stored, x.ctransid, x.name))
     wanted = set(ordered[len(ordered) - keep_last :] if keep_last else [])
     if since is not None:
