@@ -125,7 +125,6 @@ def test_a_pipe_source_and_one_child_across_reconnects(key: Path, tmp_path: Path
         recv.kill()
         proxy.close()
     assert sent.returncode == 0 and recv.returncode == 0, (sent.stderr, err)
-    # at least one cut: a reconnect whose opening lost a race takes the next fault with it (seen once in CI)
     assert proxy.cuts >= 1, (proxy.connections, sent.stderr, err)
     assert target.read_bytes() == DATA
     assert starts.read_text() == "started\n"

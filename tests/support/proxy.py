@@ -51,16 +51,17 @@ class Proxy:
                 client, _ = self.server.accept()
             except OSError:
                 return
-            fault = self.faults.pop(0) if self.faults else ("none",)
             self.connections += 1
-            threading.Thread(target=self._serve, args=(client, fault), daemon=True).start()
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
-    def _serve(self, client: socket.socket, fault: tuple[Any, ...]) -> None:
+    def _serve(self, client: socket.socket) -> None:
         try:
             upstream = socket.create_connection(("127.0.0.1", self.target))
-        except OSError:
+        except OSError:  # the target is not listening yet: this connection does not use up a fault
             client.close()
             return
+        with self._lock:
+            fault = self.faults.pop(0) if self.faults else ("none",)
         state = {"cut": False, "c2s": 0, "s2c_chunks": 0}
         gate = threading.Event()
         gate.set()
