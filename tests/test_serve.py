@@ -215,6 +215,14 @@ def test_a_client_over_its_limit_is_told_busy(tmp_path: Path) -> None:
         ('[clients.alpha]\nkey = "k"\nreceive = "p"\n', ":3", "not on btrfs"),
         ('[clients.alpha]\nkey = "k"\nstore = "p"\n[clients.beta]\nkey = "k"\nstore = "p/in"\n', ":6", "is inside"),
         ('[clients.alpha]\nkey = "k"\nstore = "p"\nwho = 1\n', ":4", "unknown setting 'who'"),
+        ('[clients.alpha]\nkey = "k"\nstore = "p"\ntrusted = ["lan"]\n', ":4", "'lan' is not an address or a network"),
+        ('[clients.alpha]\nkey = "k"\nstore = "p"\ntrusted = "10.0.0.1"\n', ":4", "expected a list of addresses"),
+        (
+            '[clients.alpha]\nkey = "k"\nstore = "p"\ntrusted = ["10.1.0.0/16"]\n'
+            '[clients.beta]\nkey = "k"\nstore = "q"\ntrusted = ["10.1.2.3"]\n',
+            ":8",
+            "clients.beta.trusted '10.1.2.3/32' overlaps clients.alpha.trusted '10.1.0.0/16'",
+        ),
         ("", "", "no clients"),
     ],
     ids=[
@@ -233,6 +241,9 @@ def test_a_client_over_its_limit_is_told_busy(tmp_path: Path) -> None:
         "receive-not-btrfs",
         "nested-places",
         "client-setting",
+        "trusted-not-an-address",
+        "trusted-not-a-list",
+        "trusted-overlap",
         "no-clients",
     ],
 )
@@ -241,6 +252,7 @@ def test_check_config_names_the_line_and_what_is_wrong(tmp_path: Path, body: str
     (tmp_path / "open.key").write_bytes(os.urandom(32))
     (tmp_path / "open.key").chmod(0o644)
     (tmp_path / "p" / "in").mkdir(parents=True)
+    (tmp_path / "q").mkdir()
     config = tmp_path / "serve.toml"
     config.write_text('listen = "127.0.0.1:7000"\n' + body if "listen" not in body and "lisen" not in body else body)
     offset = 0 if "lisen" in body else 1  # the listen line comes first
@@ -255,6 +267,38 @@ def test_check_config_says_ok(tmp_path: Path) -> None:
     config = write_config(tmp_path, 7000)
     result = subprocess.run([*CMD, "serve", "--config", str(config), "--check-config"], capture_output=True)
     assert result.returncode == 0 and b": ok: 4 clients (alpha, beta, delta, gamma)" in result.stdout, result
+
+
+def test_a_trusted_client_sends_unencrypted_from_its_addresses_only(tmp_path: Path) -> None:
+    """`trusted` lets a client send with --tls none from those addresses; any other plain connection is refused."""
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha", "beta"))
+    text = config.read_text()
+    config.write_text(text.replace('store = "places/alpha"\n', 'store = "places/alpha"\ntrusted = ["127.0.0.0/8"]\n'))
+    with service(config, port) as proc:
+        plain = send(port, tmp_path, "alpha", FULL, "--tls", "none")
+        listed = send(port, tmp_path, "alpha", FULL, "--tls", "none", "--list", "--json")
+        encrypted = send(port, tmp_path, "alpha", INCR)  # the key still works, from anywhere
+    assert plain.returncode == 0 and listed.returncode == 0 and encrypted.returncode == 0, (plain, listed, encrypted)
+    assert stored(tmp_path, "alpha")[name_of(FULL)] == FULL.read_bytes()
+    assert name_of(INCR) in stored(tmp_path, "alpha") and not stored(tmp_path, "beta")
+    assert [json.loads(line)["name"] for line in listed.stdout.splitlines()] == [name_of(FULL)]
+    log = events(proc)
+    assert any(e["event"] == "client" and e.get("trusted") == "127.0.0.0/8" for e in log), log
+    assert sum(e["event"] == "stored" and e["client"] == "alpha" for e in log) == 2, log
+
+    # no client trusts 127.0.0.1 now: a plain sender is told why, and TLS senders go on
+    config.write_text(text.replace('store = "places/alpha"\n', 'store = "places/alpha"\ntrusted = ["10.9.9.0/24"]\n'))
+    with service(config, port) as proc:
+        refused = send(port, tmp_path, "beta", FULL, "--tls", "none")
+        fine = send(port, tmp_path, "beta", FULL)
+    assert refused.returncode == 6, refused.stderr
+    assert (
+        b"unencrypted from 127.0.0.1:" in refused.stderr
+        and b"which no client's trusted addresses hold" in refused.stderr
+    )
+    assert fine.returncode == 0 and stored(tmp_path, "beta")[name_of(FULL)] == FULL.read_bytes()
+    assert any(e["event"] == "refused" and "unencrypted from 127.0.0.1" in str(e["reason"]) for e in events(proc))
 
 
 # into btrfs receive: real btrfs on a loop device

@@ -16,9 +16,11 @@
     [clients.db1]
     key = "keys/db1.key"
     receive = "/mnt/backup/db1"     # btrfs receive into this directory (on btrfs)
+    trusted = ["10.1.2.3"]          # may also send unencrypted (--tls none), from these addresses only
 
 Where a client's streams land is decided here, from the identity the TLS
-handshake proved, never from anything the client sends. Names are checked
+handshake proved (or, unencrypted, from the trusted address the connection
+came from), never from anything the client sends. Names are checked
 (letters, digits, ``.``, ``_``, ``-``; no leading dot), and no client's
 place may hold another's. :func:`load` raises :class:`ConfigError` naming
 the file, the line and what was expected.
@@ -27,6 +29,7 @@ the file, the line and what was expected.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import itertools
 import os
 import re
@@ -45,7 +48,8 @@ IDENTITY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _INTEGERS = {"max_transfers": (1, 4096, 16), "max_per_client": (1, 4096, 2)}
 _SECONDS = {"handshake_timeout": (0.1, 3600.0, 30.0), "idle_timeout": (0.0, 86400.0, 600.0)}
 _TOP = {"listen", "tls", "clients", *_INTEGERS, *_SECONDS}
-_CLIENT = {"key", "store", "receive"}
+_CLIENT = {"key", "store", "receive", "trusted"}
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _BTRFS = "btrfs"
 
 
@@ -67,6 +71,7 @@ class Client:
     key: bytes = dataclasses.field(repr=False)
     place: str
     receive: bool = False
+    trusted: tuple[Network, ...] = ()  # where it may connect from without TLS
 
     @property
     def archive(self) -> bool:
@@ -91,6 +96,16 @@ class Config:
         """The key of a configured client (None for anyone else): the TLS server's lookup."""
         client = self.clients.get(identity)
         return client.key if client else None
+
+    def trusting(self, address: str) -> Client | None:
+        """The client that may send unencrypted from ``address`` (IPv4-mapped IPv6 taken as IPv4), if any."""
+        try:
+            ip = ipaddress.ip_address(address.split("%", 1)[0])
+        except ValueError:
+            return None
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        return next((c for c in self.clients.values() if any(ip in net for net in c.trusted)), None)
 
 
 class _Lines:
@@ -149,7 +164,10 @@ def load(path: str, warn: Callable[[str], object] | None = None) -> Config:
     tls = data.get("tls", "tls13-aes128-gcm")
     if tls not in MODES or tls == "none":
         modes = ", ".join(m for m in MODES if m != "none")
-        raise ConfigError(lines.at(None, "tls"), f"tls: expected one of {modes}, got {tls!r}")
+        raise ConfigError(
+            lines.at(None, "tls"),
+            f"tls: expected one of {modes}, got {tls!r} (a client may send unencrypted from its trusted addresses)",
+        )
     numbers: dict[str, Any] = {}
     for key, (low, high, default) in {**_INTEGERS, **_SECONDS}.items():
         value = data.get(key, default)
@@ -214,12 +232,13 @@ def _clients(table: Any, lines: _Lines, base: str, warn: Callable[[str], object]
             )
         kind = "receive" if "receive" in settings else "store"
         place = _text(settings, kind, lines, name)
+        trusted = _networks(settings.get("trusted", []), lines, name)
         if kind == "store" and place.startswith("s3://"):
             try:
                 place = Location.parse(place).url()  # the archive (the S3 endpoint and credentials: AWS_*)
             except UsageError as exc:
                 raise ConfigError(lines.at(("clients", name), kind), f"clients.{name}.store: {exc}") from None
-            clients[name] = Client(name, key, place)
+            clients[name] = Client(name, key, place, trusted=trusted)
             continue
         place = os.path.realpath(os.path.join(base, place))
         if not os.path.isdir(place):
@@ -228,9 +247,38 @@ def _clients(table: Any, lines: _Lines, base: str, warn: Callable[[str], object]
             raise ConfigError(
                 lines.at(("clients", name), kind), f"clients.{name}.receive: {place!r} is on {fs}, not on btrfs"
             )
-        clients[name] = Client(name, key, place, kind == "receive")
+        clients[name] = Client(name, key, place, kind == "receive", trusted)
     _no_overlap(clients, lines)
+    _one_client_per_address(clients, lines)
     return clients
+
+
+def _networks(value: Any, lines: _Lines, name: str) -> tuple[Network, ...]:
+    """``trusted``: addresses or networks (``10.1.2.3``, ``10.1.0.0/16``, ``fd00::/8``)."""
+    where = lines.at(("clients", name), "trusted")
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(where, f"clients.{name}.trusted: expected a list of addresses or networks, got {value!r}")
+    networks = []
+    for text in value:
+        try:
+            networks.append(ipaddress.ip_network(text, strict=False))
+        except ValueError:
+            raise ConfigError(
+                where, f"clients.{name}.trusted: {text!r} is not an address or a network (10.1.2.3, 10.1.0.0/16)"
+            ) from None
+    return tuple(networks)
+
+
+def _one_client_per_address(clients: dict[str, Client], lines: _Lines) -> None:
+    """An unencrypted connection is its client by its address alone: no address may name two."""
+    for a, b in itertools.combinations(clients.values(), 2):
+        for x, y in itertools.product(a.trusted, b.trusted):
+            if x.version == y.version and x.overlaps(y):
+                raise ConfigError(
+                    lines.at(("clients", b.identity), "trusted"),
+                    f"clients.{b.identity}.trusted {str(y)!r} overlaps clients.{a.identity}.trusted {str(x)!r}: "
+                    "an unencrypted connection is told from its address alone",
+                )
 
 
 def _file_system(path: str) -> str:

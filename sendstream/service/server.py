@@ -18,7 +18,9 @@ import datetime
 import hashlib
 import json
 import os
+import select
 import shlex
+import socket
 import subprocess
 import threading
 import time
@@ -33,14 +35,14 @@ from ..io.outputs import OutputDirectory, OutputFile
 from ..io.threads import started
 from ..net.address import listen
 from ..net.journal import PART_SUFFIX, Journal, load_state, state_path
-from ..net.listener import Listener
+from ..net.listener import Listener, describe_peer
 from ..net.progress import NONE, Progress
 from ..net.receiving import receive_resumable
 from ..net.session.connection import failure_status, tell
 from ..net.session.protocol import PREFIX_SIZE, listed_line, status_line
 from ..net.session.receiver import Opening, SessionReceiver, open_connection
 from ..net.sinks import ChildSink
-from ..net.tls import accept_channel
+from ..net.tls import Channel, PlainChannel, accept_channel
 from ..net.tls.keys import fingerprint
 from ..ops.identity import snapshot_name, stream_identity
 from ..ops.ledger import Checkpoint, Ledger
@@ -99,7 +101,8 @@ class Service:
         config = self.config
         for client in config.clients.values():
             kind = "receive" if client.receive else "store"
-            self.log("client", client=client.identity, key=fingerprint(client.key), **{kind: client.place})
+            trusted = {"trusted": ",".join(map(str, client.trusted))} if client.trusted else {}
+            self.log("client", client=client.identity, key=fingerprint(client.key), **{kind: client.place}, **trusted)
         with listen(config.listen.host, config.listen.port) as server:
             listener = Listener(
                 server,
@@ -125,7 +128,9 @@ class Service:
     def _open(self, sock: Any, deadline: float) -> Opening:
         config = self.config
 
-        def handshake(sock: Any, seconds: float) -> Any:
+        def handshake(sock: socket.socket, seconds: float) -> Channel:
+            if any(c.trusted for c in config.clients.values()) and not _speaks_tls(sock, seconds):
+                return _unencrypted(sock, config)
             return accept_channel(sock, config.tls, config.key_of, handshake_timeout=seconds)
 
         return open_connection(
@@ -286,6 +291,36 @@ class Service:
                     session.channel.interrupt()
                 deadline = float("inf")
             threads[0].join(0.25)
+
+
+TLS_HANDSHAKE_RECORD = 0x16  # the first byte of every TLS ClientHello
+
+
+def _speaks_tls(sock: socket.socket, seconds: float) -> bool:
+    """Whether the peer's first byte opens a TLS handshake (it is read again by whoever takes the socket)."""
+    if not select.select([sock], [], [], seconds)[0]:
+        raise e.SessionError(f"nothing within {seconds:.3g} s of connecting")
+    first = sock.recv(1, socket.MSG_PEEK)
+    if not first:
+        raise e.SessionError("the connection ended before a TLS handshake or a session hello")
+    return first[0] == TLS_HANDSHAKE_RECORD
+
+
+def _unencrypted(sock: socket.socket, config: Config) -> Channel:
+    """A connection without TLS: the client whose ``trusted`` addresses hold the peer's, or refused (and told)."""
+    channel = PlainChannel(sock)
+    address = sock.getpeername()[0]
+    client = config.trusting(address)
+    if client is None:
+        why = (
+            f"unencrypted from {describe_peer(sock.getpeername())}, which no client's trusted addresses hold: "
+            f"send with --tls {config.tls} and the client's key"
+        )
+        tell(channel, e.EXIT_TLS, f"refused: {why}")
+        channel.close()
+        raise e.SessionError(why)
+    channel.identity = client.identity
+    return channel
 
 
 def incoming_name(identity: dict[str, Any]) -> str:
