@@ -15,8 +15,9 @@ def run() -> None:
     """Console-script entry point; a Ctrl-C while Python loads the CLI ends as one later does."""
     signal.signal(signal.SIGINT, _interrupted_while_loading)
     from .cli import main
+    from .terminal import interrupted
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, interrupted)
     code = main()
     if code == 130:
         # CPython kills itself by SIGINT at exit when the interrupt once left code it ran (its flag

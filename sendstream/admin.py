@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .terminal import Group, warn
+from .terminal import Group, interrupted, warn
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -108,7 +108,7 @@ def serve(config_path: str, check_config: bool, log_format: str, metrics: str | 
 
     def stopping(signum: int, frame: object) -> None:
         stop.set()  # a second signal ends the process at once
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, interrupted)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     signal.signal(signal.SIGTERM, stopping)

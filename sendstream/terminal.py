@@ -4,13 +4,37 @@ password, and the end of a command (its error line and exit code)."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import IO, Any
 
 import click
 
 from . import errors as e
+
+CLEANUP_SECONDS = 10  # after a Ctrl-C, how long the cleanup may take before the process ends anyway
+
+
+def interrupted(signum: int, frame: object) -> None:
+    """The SIGINT handler: the first Ctrl-C raises KeyboardInterrupt, so outputs are closed or removed,
+    within :data:`CLEANUP_SECONDS`; a second one ends the process at once."""
+    signal.signal(signal.SIGINT, _interrupted_again)
+    timer = threading.Timer(CLEANUP_SECONDS, _give_up)
+    timer.daemon = True
+    timer.start()
+    raise KeyboardInterrupt
+
+
+def _interrupted_again(signum: int, frame: object) -> None:
+    os.write(2, b"sendstream: interrupted again: stopped before the cleanup ended\n")
+    os._exit(e.EXIT_INTERRUPTED)
+
+
+def _give_up() -> None:
+    os.write(2, b"sendstream: interrupted: the cleanup took more than %d s; stopped\n" % CLEANUP_SECONDS)
+    os._exit(e.EXIT_INTERRUPTED)
 
 
 def warn(message: str) -> None:

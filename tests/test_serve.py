@@ -494,6 +494,29 @@ def test_sigterm_lets_a_running_transfer_end_and_takes_no_new_one(tmp_path: Path
     assert stored(tmp_path, "alpha")[name_of(big)] == big.read_bytes()
 
 
+def test_a_second_ctrl_c_ends_a_draining_service_at_once(tmp_path: Path) -> None:
+    """The first Ctrl-C drains (running transfers may end); the second one stops the service there (its
+    cleanup bounded in time)."""
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    big = tmp_path / "big.stream"
+    big.write_bytes(FULL.read_bytes() * 20)  # 5.6 MB: 14 s at 400K/s
+    with service(config, port) as proc:
+        sender = threading.Thread(target=send, args=(port, tmp_path, "alpha", big, "--rate-limit", "400K"))
+        sender.start()
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+        assert proc.poll() is None, "the first Ctrl-C lets the running transfer go on"
+        proc.send_signal(signal.SIGINT)
+        proc.wait(5)
+        sender.join(60)
+    assert proc.returncode == 130
+    assert proc.stderr is not None
+    assert proc.stderr.read().endswith(b"sendstream: interrupted\n")
+    assert not (tmp_path / "places" / "alpha" / name_of(big)).exists()
+
+
 # resume without tokens: the service journals a session's stream and tells a sender that comes back where
 
 
