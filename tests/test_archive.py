@@ -123,6 +123,23 @@ def test_a_damaged_object_is_found_in_place_with_its_offset(store: Store, tmp_pa
     assert not (tmp_path / "r").exists()  # nothing half written
 
 
+def test_commands_swapped_behind_our_back_are_found_by_restore_and_verify(store: Store, tmp_path: Path) -> None:
+    """Every CRC still holds and the size and count are the same: the ledger is what tells (restore
+    leaves the SHA-256 to verify)."""
+    bucket, client = store.bucket(), store.client()
+    whole = FULL.read_bytes()
+    assert run(store, "send", "--to", f"s3://{bucket}/s", str(FULL)).returncode == 0
+    cuts = boundaries(whole)
+    a, b, c = cuts[10], cuts[11], cuts[12]
+    swapped = whole[:a] + whole[b:c] + whole[a:b] + whole[c:]
+    client.put_object(Bucket=bucket, Key=f"s/{name_of(whole)}", Body=swapped)
+    restored = run(store, "restore", f"s3://{bucket}/s/{stream_identity(whole)['uuid']}", "-o", str(tmp_path / "r"))
+    assert restored.returncode == 1 and b"its ledger is not its manifest's" in restored.stderr, restored.stderr
+    assert not (tmp_path / "r").exists()
+    verified = run(store, "verify", f"s3://{bucket}/s")
+    assert verified.returncode == 1 and b"its ledger is not its manifest's" in verified.stdout, verified
+
+
 def test_a_bad_input_leaves_no_parts_and_no_object(store: Store, tmp_path: Path) -> None:
     bucket, client = store.bucket(), store.client()
     _, whole = _long_stream(tmp_path, copies=40)
