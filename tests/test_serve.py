@@ -25,6 +25,7 @@ from support.streams import FIXTURES
 from support.trees import differences
 
 from sendstream import Command, encode_command, encode_stream_header
+from sendstream.net.journal import PART_SUFFIX, load_state
 from sendstream.net.tls import connect_channel, load_key
 from sendstream.ops.identity import stream_identity
 from sendstream.ops.stored import stream_name
@@ -546,6 +547,19 @@ def _until_journaled(place: Path) -> None:
     time.sleep(1.5)
 
 
+def _fresh_checkpoint(place: Path, key: Path) -> int:
+    """The offset of the journal's checkpoint once the cut transfer made everything it got durable: the
+    whole part (checkpoints otherwise come every second); a failure after 10 s."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        part = next(place.glob(".*.incoming.part"))
+        state = load_state(str(part)[: -len(PART_SUFFIX)], load_key(key))
+        if state.offset == part.stat().st_size:
+            return state.offset
+        time.sleep(0.1)
+    raise AssertionError(f"the checkpoint stays at {state.offset} of the part's {part.stat().st_size} bytes")
+
+
 def test_a_sender_killed_mid_transfer_resumes_without_a_token(tmp_path: Path) -> None:
     port = free_port()
     config = write_config(tmp_path, port, clients=("alpha",))
@@ -555,6 +569,7 @@ def test_a_sender_killed_mid_transfer_resumes_without_a_token(tmp_path: Path) ->
         _until_journaled(tmp_path / "places" / "alpha")
         first.kill()
         first.wait()
+        kept = _fresh_checkpoint(tmp_path / "places" / "alpha", tmp_path / "keys" / "alpha.key")
         other = tmp_path / "other.stream"  # its first 64 KiB are big's, so it says it is the same stream
         other.write_bytes(FULL.read_bytes() * 5 + INCR.read_bytes() + FULL.read_bytes() * 35)
         _, differs = _sender(port, tmp_path, other).communicate(timeout=60)
@@ -563,7 +578,7 @@ def test_a_sender_killed_mid_transfer_resumes_without_a_token(tmp_path: Path) ->
     assert b"another stream: the stream differs from what the receiver kept" in differs, differs
     assert again.returncode == 0, err
     resumed = int(re.search(rb"resumed at offset (\d+)", err).group(1))  # type: ignore[union-attr]
-    assert 2 << 20 < resumed < big.stat().st_size, err
+    assert resumed == kept and 2 << 20 < resumed < big.stat().st_size, err
     held = stored(tmp_path, "alpha")
     assert sorted(held) == [name_of(big), name_of(big) + ".json"] and held[name_of(big)] == big.read_bytes()
     note = json.loads(held[name_of(big) + ".json"])

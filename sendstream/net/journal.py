@@ -207,6 +207,17 @@ class Journal:
         self._dir.sync()
         self._dir.close()
 
+    def stop(self, offset: int, stream: dict[str, Any] | None, ledger: Ledger) -> None:
+        """Stop (on an error) at ``offset``, the end of the last command written, made durable first when
+        it can be, so that the next run of this transfer loses nothing that came; then :meth:`close`."""
+        self._settle()
+        with contextlib.suppress(ValueError, OSError):
+            commands, digest = ledger.at(offset)  # ValueError: the ledger went on past a write that failed
+            if stream is not None and offset > self._durable and self._failure is None:
+                self.file.flush()
+                self._sync(Checkpoint(stream, offset, commands, digest))
+        self.close()
+
     def close(self) -> None:
         """Stop (on an error): the part and the state stay for ``--resume``; a part
         with no checkpoint yet has nothing to resume from and goes."""

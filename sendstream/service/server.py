@@ -386,7 +386,7 @@ def store(
                 receive_resumable(session, hashed(journal.write), progress, journal, ledger)
                 journal.finish()
             except BaseException:
-                journal.close()  # its part and state stay, for the next run of this transfer
+                journal.stop(session.written, session.identity, ledger)  # it stays, for the next run
                 raise
         try:
             return _named(place, hidden, client, peer, ledger, digest.hexdigest())
@@ -444,7 +444,7 @@ def receive_into(
     """
     own, foreign = subvolumes(client.place)
     made: list[str] = []
-    journal, again = None, False
+    journal, again, ledger = None, False, Ledger(checkpoint)
     if not session.raw:
         assert session.identity is not None
         path = os.path.join(client.place, incoming_name(session.identity))
@@ -475,10 +475,11 @@ def receive_into(
                     journal.write(data)
 
             session.flush = child.flush
-            summary = receive_resumable(session, write, Progress("received", mode=NONE), journal, replay=replay)
+            progress = Progress("received", mode=NONE)
+            summary = receive_resumable(session, write, progress, journal, ledger, replay=replay)
     except BaseException:
         if journal is not None:
-            journal.close()
+            journal.stop(session.written, session.identity, ledger)
         for name in made:
             _delete_subvolume(os.path.join(client.place, name))
         raise
