@@ -11,7 +11,9 @@ the disk is not what is measured; TLS is ``tls13-aes128-gcm``. Rounds:
 - (1) one ``sendstream send`` of the stream;
 - (4) four at once, each a client of its own;
 - (4+h) the same while hostile clients knock: one with a wrong key, one sending garbage, one silent,
-  over and over.
+  over and over;
+- (4p) four at once, each to a service of its own: the same work in four processes instead of four
+  threads of one, to tell what two cores shared by everything cost from what the threads cost.
 
 Per round: wall time from the first start to the last end, aggregate throughput, CPU seconds of the
 service (``/proc/PID/stat``, its threads included) and of the senders (``os.wait4``), all per GiB of
@@ -159,6 +161,28 @@ def round_(service: Service, stream: pathlib.Path, senders: int, hostile: bool) 
     }
 
 
+def split_round(services: list[Service], stream: pathlib.Path) -> dict[str, float]:
+    """Round (4p): sender i to service i, each service a process of its own; their CPU added up."""
+    for service in services:
+        service.clear()
+    before = [sum(proc_times(s.proc.pid)) for s in services if s.proc is not None]
+    t0 = time.perf_counter()
+    procs = [service.sender(CLIENTS[i], stream) for i, service in enumerate(services)]
+    results = [reap(p, 900) for p in procs]
+    wall = time.perf_counter() - t0
+    if any(code for code, _ in results):
+        raise BenchError(f"a sender failed: {[code for code, _ in results]}")
+    after = [sum(proc_times(s.proc.pid)) for s in services if s.proc is not None]
+    gib = len(services) * stream.stat().st_size / GIB
+    return {
+        "wall": wall,
+        "mib_s": gib * 1024 / wall,
+        "service_cpu_gib": (sum(after) - sum(before)) / gib,
+        "senders_cpu_gib": sum(cpu for _, cpu in results) / gib,
+        "hwm_mb": max(s.status("VmHWM") for s in services) / 1e6,
+    }
+
+
 def sequential(service: Service, n: int) -> tuple[float, float]:
     """The service's RSS (MB) after the first tenth of ``n`` small transfers, and after all."""
     settings = TlsSettings(MODE, (service.tmp / "small.key").read_bytes(), "small")
@@ -187,13 +211,21 @@ def main(argv: list[str]) -> int:
             tempfile.TemporaryDirectory(prefix="bench-serve-") as d,
             tempfile.TemporaryDirectory(prefix="bench-serve-", dir="/dev/shm") as shm,
         ):
-            service = Service(pathlib.Path(d), pathlib.Path(shm))
-            with service.running():
-                rows: dict[str, list[dict[str, float]]] = {"1": [], "4": [], "4+h": []}
+            homes = [(pathlib.Path(d) / f"s{i}", pathlib.Path(shm) / f"s{i}") for i in range(len(CLIENTS) + 1)]
+            for tmp, places in homes:
+                tmp.mkdir()
+                places.mkdir()
+            service, *split = (Service(tmp, places) for tmp, places in homes)
+            with contextlib.ExitStack() as running:
+                for s in (service, *split):
+                    running.enter_context(s.running())
+                rows: dict[str, list[dict[str, float]]] = {"1": [], "4": [], "4+h": [], "4p": []}
                 for r in range(args.repeat):
                     for label, senders, hostile in (("1", 1, False), ("4", 4, False), ("4+h", 4, True)):
                         rows[label].append(round_(service, stream, senders, hostile))
                         log(f"round {r + 1} ({label}): {rows[label][-1]['mib_s']:.0f} MiB/s")
+                    rows["4p"].append(split_round(split, stream))
+                    log(f"round {r + 1} (4p): {rows['4p'][-1]['mib_s']:.0f} MiB/s")
                 service.clear()
                 early, late = sequential(service, args.sequential)
     except (BenchError, OSError, subprocess.CalledProcessError) as exc:
@@ -213,7 +245,12 @@ def main(argv: list[str]) -> int:
     ]
     one = best["1"]
     for label, row in best.items():
-        name = {"1": "1", "4": "4 at once", "4+h": "4 at once, hostile clients knocking"}[label]
+        name = {
+            "1": "1",
+            "4": "4 at once",
+            "4+h": "4 at once, hostile clients knocking",
+            "4p": "4 at once, each to a service of its own (4 processes)",
+        }[label]
         lines.append(
             f"| {name} | {row['wall']:.2f} | {row['mib_s']:.0f} | {row['mib_s'] / one['mib_s']:.2f} | "
             f"{row['service_cpu_gib']:.2f} | {row['service_cpu_gib'] / one['service_cpu_gib']:.2f} | "
@@ -221,10 +258,12 @@ def main(argv: list[str]) -> int:
         )
     four = best["4"]
     speed, cpu = four["mib_s"] / one["mib_s"], four["service_cpu_gib"] / one["service_cpu_gib"]
+    apart = best["4p"]["service_cpu_gib"] / one["service_cpu_gib"]
     lines += [
         "",
         f"Targets: 4 at once {speed:.2f}x the throughput of one (>= 0.9: {speed >= 0.9}); the service's CPU "
-        f"per GiB {cpu:.2f}x (<= 1.1: {cpu <= 1.1}). "
+        f"per GiB {cpu:.2f}x (<= 1.1: {cpu <= 1.1}); four services' CPU per GiB, one transfer each, "
+        f"{apart:.2f}x. "
         f"{args.sequential} sequential transfers: service RSS {early:.1f} MB after {max(args.sequential // 10, 1)}, "
         f"{late:.1f} MB after all ({late - early:+.1f} MB).",
     ]
