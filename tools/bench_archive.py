@@ -199,8 +199,9 @@ def main(argv: list[str]) -> int:
     }
     for label, (wall, cpu, store_cpu, rss) in best.items():
         against = reference[label.split(":")[0]] / wall
+        cell = label.replace("|", "\\|")  # a pipe inside a markdown table cell
         lines.append(
-            f"| {label} | {wall:.2f} | {size / MIB / wall:.0f} | {against:.2f} | {cpu:.2f} | {store_cpu:.2f} | "
+            f"| {cell} | {wall:.2f} | {size / MIB / wall:.0f} | {against:.2f} | {cpu:.2f} | {store_cpu:.2f} | "
             f"{rss:.0f} |"
         )
     lines += [
