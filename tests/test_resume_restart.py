@@ -16,6 +16,7 @@ import signal
 import struct
 import subprocess
 import time
+import uuid
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +30,7 @@ from support.proxy import Proxy
 from support.streams import FIXTURES, SAMPLE, boundaries, decode
 from support.trees import differences
 
-from sendstream import Command, Decoder, Encoder, EndOfInput, StreamHeader
+from sendstream import Command, Decoder, Encoder, EndOfInput, StreamHeader, encode_command, encode_stream_header
 from sendstream.errors import PrefixDiffers, ResumeError, TruncatedStream
 from sendstream.io.windows import file_events
 from sendstream.net.session.protocol import PREFIX_SIZE
@@ -61,9 +62,9 @@ class Link:
         output = ["-o", str(out)] if out else []
         return self._start(["receive", "--listen", f"127.0.0.1:{self.port}", *output, "-v", *extra])
 
-    def sender(self, *extra: str, direct: bool = False) -> subprocess.Popen[bytes]:
+    def sender(self, *extra: str, direct: bool = False, source: Path = SAMPLE) -> subprocess.Popen[bytes]:
         port = self.port if direct else self.proxy.port
-        return self._start(["send", "--resumable", "--to", f"127.0.0.1:{port}", str(SAMPLE), *RETRY, *extra])
+        return self._start(["send", "--resumable", "--to", f"127.0.0.1:{port}", str(source), *RETRY, *extra])
 
     def close(self) -> None:
         for proc in self.procs:
@@ -144,13 +145,14 @@ def test_a_killed_sender_started_again_with_the_token_sends_only_the_rest(link: 
 
 
 def test_both_killed_then_both_resume_from_the_receivers_token(link: Link, tmp_path: Path) -> None:
-    """The sender is killed; the receiver, terminated, prints the token of its last checkpoint."""
+    """The receiver, terminated while bytes flow, makes all it wrote durable and prints that token; the
+    sender is killed."""
     out = tmp_path / "out.stream"
     recv, send = link.receiver(out), link.sender()
     checkpoint_after(out, link.key, 64 << 10)
-    kill(send)
     recv.terminate()
     _, said = recv.communicate(timeout=30)
+    kill(send)
     assert recv.returncode == 143, said
     assert f"sendstream send --resume {state_of(out).read_text().strip()}".encode() in said
     part_size = out.with_name(out.name + ".part").stat().st_size
@@ -159,11 +161,35 @@ def test_both_killed_then_both_resume_from_the_receivers_token(link: Link, tmp_p
     said = recv.stderr.readline() + recv.stderr.readline()
     token = said.split(b"--resume ")[1].split()[0].decode()
     checkpoint = read_token(token, link.key.read_bytes())
-    assert checkpoint.offset <= part_size  # what the killed receiver wrote past it is cut off
+    assert checkpoint.offset == part_size  # everything the terminated receiver wrote
     (sent, send_err), (code, err) = finish(link.sender("--resume", token, direct=True), recv)
     assert sent == 0 and code == 0, (send_err, err)
     assert f"resumed at offset {checkpoint.offset}".encode() in send_err
     assert_complete(out)
+
+
+def test_a_terminated_receiver_keeps_every_command_it_wrote(link: Link, tmp_path: Path) -> None:
+    """Commands of 1 KiB at 80 KB/s: the receiver, terminated between its checkpoints (every second),
+    makes the end of the last command it wrote durable, and its token says so."""
+    head = Command.build("subvol", [("path", b"s"), ("uuid", uuid.UUID(int=7)), ("ctransid", 1)])
+    writes = [
+        Command.build("write", [("path", b"f"), ("file_offset", i << 10), ("data", bytes(1024))]) for i in range(400)
+    ]
+    source = tmp_path / "small-commands.stream"
+    source.write_bytes(
+        encode_stream_header(2) + b"".join(encode_command(c, 2) for c in (head, *writes, Command.build("end")))
+    )
+    out = tmp_path / "out.stream"
+    recv, send = link.receiver(out), link.sender(source=source)
+    first = checkpoint_after(out, link.key, 64 << 10)
+    time.sleep(0.5)  # commands written past that checkpoint, before the next one
+    recv.terminate()
+    _, said = recv.communicate(timeout=30)
+    kill(send)
+    token = said.split(b"send --resume ")[1].split()[0].decode()
+    checkpoint = read_token(token, link.key.read_bytes())
+    assert checkpoint.offset == out.with_name(out.name + ".part").stat().st_size > first.offset, said
+    assert checkpoint.offset in boundaries(source.read_bytes())
 
 
 def full_checkpoint(data: bytes, upto: int | None = None) -> Checkpoint:

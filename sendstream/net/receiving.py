@@ -186,13 +186,21 @@ def receive(
     """Take one sender (:func:`accepted`), check every command, write only checked ones to its sink.
 
     ``sink(session)`` makes the sink once the sender is there (a raw stream
-    cannot keep a journal); it is completed before the sender hears success.
+    cannot keep a journal); it is completed before the sender hears success. A transfer that fails
+    leaves a journal durable up to the last command written.
     """
+    from ..ops.ledger import Ledger
+
     with accepted(listening, warn=warn, log=log, resume=resume) as session:
         progress.start()
         with sink(session) as out:
             session.flush = out.flush
-            summary = receive_resumable(session, out.write, progress, out.journal)
+            ledger = Ledger(out.journal.checkpoint) if out.journal is not None else None
+            try:
+                summary = receive_resumable(session, out.write, progress, out.journal, ledger)
+            except BaseException:
+                out.stopped(session.written, session.identity, ledger)
+                raise
         if out.journal is not None:
             session.verified = session.written  # the whole stream is durable now
         session.answer(0, "ok", linger=listening.linger)

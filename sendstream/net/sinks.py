@@ -21,13 +21,13 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import BinaryIO, Self
+from typing import Any, BinaryIO, Self
 
 from .. import errors as e
 from ..io.outputs import atomic_output, is_special
 from ..io.pipes import widen
 from ..io.threads import started
-from ..ops.ledger import Checkpoint
+from ..ops.ledger import Checkpoint, Ledger
 from .journal import Journal, load_state, refuse_unfinished
 
 Data = bytes | bytearray | memoryview
@@ -48,6 +48,10 @@ class Sink(abc.ABC):
 
     def __enter__(self) -> Self:
         return self
+
+    def stopped(self, offset: int, stream: dict[str, Any] | None, ledger: Ledger | None) -> None:
+        """The transfer stops at ``offset``, the end of the last command written (``ledger`` digests them):
+        a sink that keeps a journal makes it durable there as it stops."""
 
     @abc.abstractmethod
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -94,6 +98,7 @@ class JournalSink(Sink):
         self._key = key
         self._checkpoint = checkpoint
         self._notify = notify
+        self._stop: tuple[int, dict[str, Any] | None, Ledger] | None = None
 
     def __enter__(self) -> Self:
         self.journal = Journal(self.path, self._key, self._checkpoint)
@@ -118,9 +123,17 @@ class JournalSink(Sink):
                 raise
         self._keep(journal)
 
+    def stopped(self, offset: int, stream: dict[str, Any] | None, ledger: Ledger | None) -> None:
+        if ledger is not None:
+            self._stop = offset, stream, ledger
+
     def _keep(self, journal: Journal) -> None:
-        """Stop on an error: the part and the token stay; say how to go on."""
-        journal.close()
+        """Stop on an error: the part and the token stay, up to where the transfer stopped when that is
+        known; say how to go on."""
+        if self._stop is not None:
+            journal.stop(*self._stop)
+        else:
+            journal.close()
         if journal.token is not None:
             self._notify(
                 f"{journal.part} holds the stream up to offset {journal.offset}; to continue, run\n"
