@@ -37,6 +37,7 @@ class Sink(abc.ABC):
     """What every sink does: take checked bytes, push them on, end well or badly."""
 
     journal: Journal | None = None  # the journal of a sink that keeps one: the receiver checkpoints it
+    stopped_at: tuple[int, dict[str, Any] | None, Ledger] | None = None  # see stopped()
 
     @abc.abstractmethod
     def write(self, data: Data) -> None:
@@ -52,6 +53,8 @@ class Sink(abc.ABC):
     def stopped(self, offset: int, stream: dict[str, Any] | None, ledger: Ledger | None) -> None:
         """The transfer stops at ``offset``, the end of the last command written (``ledger`` digests them):
         a sink that keeps a journal makes it durable there as it stops."""
+        if ledger is not None:
+            self.stopped_at = offset, stream, ledger
 
     @abc.abstractmethod
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -98,7 +101,6 @@ class JournalSink(Sink):
         self._key = key
         self._checkpoint = checkpoint
         self._notify = notify
-        self._stop: tuple[int, dict[str, Any] | None, Ledger] | None = None
 
     def __enter__(self) -> Self:
         self.journal = Journal(self.path, self._key, self._checkpoint)
@@ -123,15 +125,11 @@ class JournalSink(Sink):
                 raise
         self._keep(journal)
 
-    def stopped(self, offset: int, stream: dict[str, Any] | None, ledger: Ledger | None) -> None:
-        if ledger is not None:
-            self._stop = offset, stream, ledger
-
     def _keep(self, journal: Journal) -> None:
         """Stop on an error: the part and the token stay, up to where the transfer stopped when that is
         known; say how to go on."""
-        if self._stop is not None:
-            journal.stop(*self._stop)
+        if self.stopped_at is not None:
+            journal.stop(*self.stopped_at)
         else:
             journal.close()
         if journal.token is not None:
