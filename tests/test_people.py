@@ -102,6 +102,23 @@ def test_exec_runs_a_shell_pipeline(tmp_path: Path) -> None:
     assert out.read_bytes() == SAMPLE.read_bytes()
 
 
+def test_a_child_that_does_not_end_after_a_failed_transfer_is_terminated(tmp_path: Path) -> None:
+    """The sender's stream is cut short; the child, its input ended, sleeps on: terminated, not waited for."""
+    cut = tmp_path / "cut.stream"
+    cut.write_bytes(SAMPLE.read_bytes()[:150_000])
+    port = free_port()
+    recv = receiver(
+        "receive", "--listen", f"127.0.0.1:{port}", "--tls", "none", "--exec", "cat > /dev/null; exec sleep 60"
+    )
+    wait_listening(port)
+    started = time.monotonic()
+    sent = sender("--to", f"127.0.0.1:{port}", str(cut), "--tls", "none")
+    _, err = recv.communicate(timeout=30)
+    assert sent.returncode == 3 and recv.returncode == 3, (sent.stderr, err)
+    assert time.monotonic() - started < 20, "the receiver waited for its child to end"
+    assert b"truncated" in err and b"Traceback" not in err, err
+
+
 def test_exec_of_a_missing_command_says_so() -> None:
     port = free_port()
     recv = receiver("receive", "--listen", f"127.0.0.1:{port}", "--tls", "none", "--exec", "no-such-command-here")

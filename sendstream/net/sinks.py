@@ -31,6 +31,7 @@ from ..ops.ledger import Checkpoint, Ledger
 from .journal import Journal, load_state, refuse_unfinished
 
 Data = bytes | bytearray | memoryview
+CHILD_GRACE = 5.0  # after a failed transfer, how long the child may take to end once its input ended
 
 
 class Sink(abc.ABC):
@@ -145,8 +146,10 @@ class ChildSink(Sink):
     (``btrfs receive DIR``, ``zstd -d | btrfs receive DIR``).
 
     Nothing unchecked is written: on an error the child sees its input end
-    early. A child that stops reading, or exits non-zero, is a
-    :class:`~sendstream.errors.ChildFailed` that names the command.
+    early, and one that has not ended :data:`CHILD_GRACE` seconds later is
+    terminated (then killed). A child that stops reading, or exits
+    non-zero, is a :class:`~sendstream.errors.ChildFailed` that names the
+    command.
     """
 
     def __init__(self, command: str, stderr: Callable[[str], object] | None = None) -> None:
@@ -187,9 +190,11 @@ class ChildSink(Sink):
             if kind is None:
                 unread = _drained(child)
             child.stdin.close()
-        code = child.wait()
+        code = child.wait() if kind is None else _ended(child)
         if self._relay is not None:
-            self._relay.join()  # every line the child wrote is shown before our own last words
+            # every line the child wrote is shown before our own last words (a killed one's grandchildren
+            # may hold its stderr open: not for ever)
+            self._relay.join(None if kind is None else CHILD_GRACE)
         hint = ": sh found no such command" if code == 127 else ""
         if isinstance(exc, BrokenPipeError) or unread:
             raise e.ChildFailed(
@@ -197,6 +202,18 @@ class ChildSink(Sink):
             ) from exc
         if kind is None and code:
             raise e.ChildFailed(f"{self.command!r} exited with status {code}{hint}")
+
+
+def _ended(child: subprocess.Popen[bytes]) -> int:
+    """The status of ``child``, whose input ended early: terminated, then killed, when it does not end."""
+    for stop in (None, child.terminate, child.kill):
+        if stop is not None:
+            stop()
+        try:
+            return child.wait(CHILD_GRACE)
+        except subprocess.TimeoutExpired:
+            continue
+    return child.wait()
 
 
 def _drained(child: subprocess.Popen[bytes]) -> int:
