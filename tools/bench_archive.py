@@ -11,7 +11,9 @@ The stream is ``bigwrite.stream`` of ``tools/bench.py`` (a real ``btrfs send`` o
 - download: a plain ranged download (8 MiB ranged GETs one after another, the bytes dropped) against
   ``sendstream restore -o /dev/null``, which checks every command and the manifest too.
 
-Each reference runs in a Python process of its own, as ours does.
+Each reference runs in a Python process of its own, as ours does. When obstore is installed, its
+``put`` (8 MiB parts, 10 at once) and its ranged GETs are measured too, against boto3's: the figures
+the choice of client library rests on.
 
 Then ``--streams`` streams of 32 MiB each are archived and ``sendstream verify s3://`` checks them all
 with 1 and with 2 worker processes. Wall time, CPU seconds of each side (ours from ``os.wait4``, the
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import importlib.util
 import os
 import pathlib
 import shutil
@@ -94,6 +97,33 @@ for start in range(0, size, chunk):
 """
 
 
+# obstore (Rust's object_store), the other client the issue names, measured beside boto3 when it is installed
+OBSTORE = """
+import os, obstore
+from obstore.store import S3Store
+env = os.environ
+store = S3Store(
+    BUCKET, endpoint=env["AWS_ENDPOINT_URL"], region=env["AWS_DEFAULT_REGION"],
+    access_key_id=env["AWS_ACCESS_KEY_ID"], secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    virtual_hosted_style_request=False, client_options={"allow_http": True},
+)
+"""
+OBSTORE_UPLOAD = """
+import sys
+BUCKET = sys.argv[2]
+exec(sys.argv[4])
+with open(sys.argv[1], "rb") as f:
+    obstore.put(store, sys.argv[3], f, chunk_size=8 << 20, max_concurrency=10)
+"""
+OBSTORE_RANGED = """
+import sys
+BUCKET, key, size, chunk = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+exec(sys.argv[5])
+for start in range(0, size, chunk):
+    obstore.get_range(store, key, start=start, end=min(start + chunk, size))
+"""
+
+
 def _small_streams(n: int) -> list[bytes]:
     data = os.urandom(1 << 16)
     streams = []
@@ -125,6 +155,7 @@ def main(argv: list[str]) -> int:
     from support.s3 import seaweedfs
 
     started = time.monotonic()
+    obstore = importlib.util.find_spec("obstore") is not None
     sendstream = shutil.which("sendstream") or sys.exit("bench_archive: no sendstream command")
     rows: dict[str, list[tuple[float, float, float, float]]] = {}  # label: (wall, our CPU, store CPU, RSS MB)
 
@@ -149,6 +180,11 @@ def main(argv: list[str]) -> int:
                 s0 = _store_cpu(store)
                 wall, cpu, rss = _ours([sys.executable, "-c", UPLOAD, str(stream), bucket, f"ref/{r}"], env)
                 add("upload: boto3 upload_fileobj", wall, cpu, _store_cpu(store) - s0, rss)
+                if obstore:
+                    s0 = _store_cpu(store)
+                    argv = [sys.executable, "-c", OBSTORE_UPLOAD, str(stream), bucket, f"obs/{r}", OBSTORE]
+                    wall, cpu, rss = _ours(argv, env)
+                    add("upload: obstore put (8 MiB parts, 10 at once)", wall, cpu, _store_cpu(store) - s0, rss)
                 s0 = _store_cpu(store)
                 wall, cpu, rss = _ours([sendstream, "send", "--to", f"s3://{bucket}/file{r}", str(stream), "-q"], env)
                 add("upload: sendstream send --to s3:// FILE", wall, cpu, _store_cpu(store) - s0, rss)
@@ -161,6 +197,11 @@ def main(argv: list[str]) -> int:
                 s0 = _store_cpu(store)
                 wall, cpu, rss = _ours([sys.executable, "-c", RANGED, bucket, f"ref/{r}", str(size), str(CHUNK)], env)
                 add("download: ranged GETs of 8 MiB", wall, cpu, _store_cpu(store) - s0, rss)
+                if obstore:
+                    s0 = _store_cpu(store)
+                    argv = [sys.executable, "-c", OBSTORE_RANGED, bucket, f"ref/{r}", str(size), str(CHUNK), OBSTORE]
+                    wall, cpu, rss = _ours(argv, env)
+                    add("download: obstore ranged GETs of 8 MiB", wall, cpu, _store_cpu(store) - s0, rss)
                 s0 = _store_cpu(store)
                 wall, cpu, rss = _ours(
                     [sendstream, "restore", f"s3://{bucket}/file{r}/{subvolume}", "-o", "/dev/null"], env
