@@ -128,56 +128,40 @@ def knock(port: int, key: pathlib.Path, stop: threading.Event) -> None:
             stop.wait(0.5)
 
 
-def round_(service: Service, stream: pathlib.Path, senders: int, hostile: bool) -> dict[str, float]:
-    assert service.proc is not None
-    service.clear()
-    own0 = sum(proc_times(service.proc.pid))
+def round_(services: list[Service], stream: pathlib.Path, senders: int, hostile: bool) -> dict[str, float]:
+    """One round: sender i (client i) to ``services[i % len(services)]``, hostile clients knocking on the
+    first when ``hostile``; the CPU of every service added up."""
+    for service in services:
+        service.clear()
+
+    def services_cpu() -> float:
+        return sum(sum(proc_times(s.proc.pid)) for s in services if s.proc is not None)
+
+    own0 = services_cpu()
     stop = threading.Event()
     knocker = None
     if hostile:
-        bad_key = service.tmp / "wrong.key"
+        bad_key = services[0].tmp / "wrong.key"
         bad_key.write_bytes(os.urandom(32))
         bad_key.chmod(0o600)
-        knocker = threading.Thread(target=knock, args=(service.port, bad_key, stop))
+        knocker = threading.Thread(target=knock, args=(services[0].port, bad_key, stop))
         knocker.start()
         time.sleep(1.0)
     t0 = time.perf_counter()
-    procs = [service.sender(client, stream) for client in CLIENTS[:senders]]
+    procs = [services[i % len(services)].sender(client, stream) for i, client in enumerate(CLIENTS[:senders])]
     results = [reap(p, 900) for p in procs]
     wall = time.perf_counter() - t0
     stop.set()
     if knocker is not None:
         knocker.join(30)
     if any(code for code, _ in results):
-        raise BenchError(f"a sender failed: {[code for code, _ in results]}; see {service.tmp / 'serve.log'}")
-    own1 = sum(proc_times(service.proc.pid))
+        logs = ", ".join(str(s.tmp / "serve.log") for s in services)
+        raise BenchError(f"a sender failed: {[code for code, _ in results]}; see {logs}")
     gib = senders * stream.stat().st_size / GIB
     return {
         "wall": wall,
         "mib_s": gib * 1024 / wall,
-        "service_cpu_gib": (own1 - own0) / gib,
-        "senders_cpu_gib": sum(cpu for _, cpu in results) / gib,
-        "hwm_mb": service.status("VmHWM") / 1e6,
-    }
-
-
-def split_round(services: list[Service], stream: pathlib.Path) -> dict[str, float]:
-    """Round (4p): sender i to service i, each service a process of its own; their CPU added up."""
-    for service in services:
-        service.clear()
-    before = [sum(proc_times(s.proc.pid)) for s in services if s.proc is not None]
-    t0 = time.perf_counter()
-    procs = [service.sender(CLIENTS[i], stream) for i, service in enumerate(services)]
-    results = [reap(p, 900) for p in procs]
-    wall = time.perf_counter() - t0
-    if any(code for code, _ in results):
-        raise BenchError(f"a sender failed: {[code for code, _ in results]}")
-    after = [sum(proc_times(s.proc.pid)) for s in services if s.proc is not None]
-    gib = len(services) * stream.stat().st_size / GIB
-    return {
-        "wall": wall,
-        "mib_s": gib * 1024 / wall,
-        "service_cpu_gib": (sum(after) - sum(before)) / gib,
+        "service_cpu_gib": (services_cpu() - own0) / gib,
         "senders_cpu_gib": sum(cpu for _, cpu in results) / gib,
         "hwm_mb": max(s.status("VmHWM") for s in services) / 1e6,
     }
@@ -222,9 +206,9 @@ def main(argv: list[str]) -> int:
                 rows: dict[str, list[dict[str, float]]] = {"1": [], "4": [], "4+h": [], "4p": []}
                 for r in range(args.repeat):
                     for label, senders, hostile in (("1", 1, False), ("4", 4, False), ("4+h", 4, True)):
-                        rows[label].append(round_(service, stream, senders, hostile))
+                        rows[label].append(round_([service], stream, senders, hostile))
                         log(f"round {r + 1} ({label}): {rows[label][-1]['mib_s']:.0f} MiB/s")
-                    rows["4p"].append(split_round(split, stream))
+                    rows["4p"].append(round_(split, stream, len(split), False))
                     log(f"round {r + 1} (4p): {rows['4p'][-1]['mib_s']:.0f} MiB/s")
                 service.clear()
                 early, late = sequential(service, args.sequential)

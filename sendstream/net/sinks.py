@@ -206,13 +206,11 @@ class ChildSink(Sink):
 
 def _ended(child: subprocess.Popen[bytes]) -> int:
     """The status of ``child``, whose input ended early: terminated, then killed, when it does not end."""
-    for stop in (None, child.terminate, child.kill):
-        if stop is not None:
-            stop()
+    for stop in (child.terminate, child.kill):
         try:
             return child.wait(CHILD_GRACE)
         except subprocess.TimeoutExpired:
-            continue
+            stop()
     return child.wait()
 
 

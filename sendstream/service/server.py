@@ -298,7 +298,9 @@ TLS_HANDSHAKE_RECORD = 0x16  # the first byte of every TLS ClientHello
 
 def _speaks_tls(sock: socket.socket, seconds: float) -> bool:
     """Whether the peer's first byte opens a TLS handshake (it is read again by whoever takes the socket)."""
-    if not select.select([sock], [], [], seconds)[0]:
+    poller = select.poll()  # not select(): a service's descriptors pass FD_SETSIZE
+    poller.register(sock, select.POLLIN)
+    if not poller.poll(seconds * 1000):
         raise e.SessionError(f"nothing within {seconds:.3g} s of connecting")
     first = sock.recv(1, socket.MSG_PEEK)
     if not first:
@@ -309,11 +311,11 @@ def _speaks_tls(sock: socket.socket, seconds: float) -> bool:
 def _unencrypted(sock: socket.socket, config: Config) -> Channel:
     """A connection without TLS: the client whose ``trusted`` addresses hold the peer's, or refused (and told)."""
     channel = PlainChannel(sock)
-    address = sock.getpeername()[0]
-    client = config.trusting(address)
+    peer = sock.getpeername()
+    client = config.trusting(peer[0])
     if client is None:
         why = (
-            f"unencrypted from {describe_peer(sock.getpeername())}, which no client's trusted addresses hold: "
+            f"unencrypted from {describe_peer(peer)}, which no client's trusted addresses hold: "
             f"send with --tls {config.tls} and the client's key"
         )
         tell(channel, e.EXIT_TLS, f"refused: {why}")
@@ -444,12 +446,12 @@ def receive_into(
     """
     own, foreign = subvolumes(client.place)
     made: list[str] = []
-    journal, again, ledger = None, False, Ledger(checkpoint)
+    journal, again, ledger = None, False, None
     if not session.raw:
         assert session.identity is not None
         path = os.path.join(client.place, incoming_name(session.identity))
         again = os.path.lexists(path + PART_SUFFIX)  # an earlier run of this stream was cut
-        journal = Journal(path, client.key, checkpoint)
+        journal, ledger = Journal(path, client.key, checkpoint), Ledger(checkpoint)
 
     def claimed(subvolume: uuid.UUID, name: str) -> None:
         path = os.path.join(client.place, name)
@@ -478,7 +480,7 @@ def receive_into(
             progress = Progress("received", mode=NONE)
             summary = receive_resumable(session, write, progress, journal, ledger, replay=replay)
     except BaseException:
-        if journal is not None:
+        if journal is not None and ledger is not None:
             journal.stop(session.written, session.identity, ledger)
         for name in made:
             _delete_subvolume(os.path.join(client.place, name))
