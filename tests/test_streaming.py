@@ -16,7 +16,10 @@ from support.net import free_port, key_file, tls_args, wait_listening
 from support.pipeline import PAUSE_WAIT, Pipeline, halfway, truncated, whole
 from support.streams import ROOT, SAMPLE, boundaries
 
+from sendstream.codec.framer import Framer
+from sendstream.format.command import Command
 from sendstream.io.pipes import PIPE_SIZE, widen
+from sendstream.io.windows import file_events
 
 
 @pytest.mark.parametrize(
@@ -203,6 +206,36 @@ def test_the_progress_line_moves_while_bytes_flow(tmp_path: Path) -> None:
     os.close(master)
     lines = [text for at, text in shown if began <= at <= ended and b"\rreceived " in text]
     assert len(lines) >= 4, f"{len(lines)} progress updates in {ended - began:.1f} s of flowing bytes: {shown!r}"
+
+
+def test_a_producer_that_writes_a_little_at_a_time_wakes_the_reader_less_often() -> None:
+    # btrfs send of small files writes a few commands at a time: waking for each write costs a core
+    data = SAMPLE.read_bytes()
+    cuts = boundaries(data)
+    pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True) if b > a]
+    r, w = os.pipe()
+
+    def produce() -> None:
+        with open(w, "wb", buffering=0) as f:
+            for piece in pieces:
+                f.write(piece)
+                time.sleep(0.0001)
+
+    reads = 0
+
+    def counted() -> None:
+        nonlocal reads
+        reads += 1
+
+    writer = threading.Thread(target=produce)
+    writer.start()
+    with open(r, "rb") as f:
+        got = [event for event in file_events(f, Framer(), before_read=counted) if isinstance(event, Command)]
+    writer.join()
+    with SAMPLE.open("rb") as f:
+        expected = [event.offset for event in file_events(f) if isinstance(event, Command)]
+    assert [event.offset for event in got] == expected  # every command, each checked
+    assert reads <= len(pieces) / 3, f"{reads} reads for {len(pieces)} writes"
 
 
 def test_a_pipe_is_widened() -> None:

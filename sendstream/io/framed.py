@@ -18,7 +18,7 @@ from .. import errors as e
 from ..codec.events import Event
 from ..codec.framer import Framer
 from ..codec.scan import Batch
-from .windows import FlushBeforeRead, file_events, is_regular, open_input
+from .windows import file_events, open_input
 
 # A path (``-`` is standard input) or an open binary file (left open).
 StreamSource = str | os.PathLike[str] | BinaryIO
@@ -84,10 +84,8 @@ class FramedInput:
     def events(self, batch: Batch | None = None, *, flush_before_read: BinaryIO | None = None) -> Iterator[Event]:
         """Every event of the input (see :func:`~sendstream.io.windows.file_events`); with
         ``flush_before_read``, that output is flushed whenever a read of a pipe might wait."""
-        reader = self.file
-        if flush_before_read is not None and not is_regular(reader):
-            reader = FlushBeforeRead(reader, flush_before_read)  # type: ignore[assignment]
-        return file_events(reader, self.framer, batch)
+        flush = None if flush_before_read is None else flush_before_read.flush
+        return file_events(self.file, self.framer, batch, before_read=flush)
 
     def tell(self, *, final: bool = False) -> None:
         """Tell ``warn`` the problems found since the last time; when ``final``, how many more there were."""

@@ -18,6 +18,7 @@ import select
 import socket
 import stat
 import sys
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import BinaryIO, NamedTuple
@@ -34,7 +35,10 @@ from .pipes import widen
 
 CHUNK_SIZE = 1 << 20
 WINDOW_SIZE = 16 << 20
-BATCH_BYTES = 1 << 20  # a pipe read gives at most 64 KiB; gather what is ready up to this much
+BATCH_BYTES = 1 << 20  # gather what is ready up to this much
+GATHER_FROM = 1 << 16  # only after a read this large: a shorter one emptied the pipe or socket
+TRICKLE = 16 << 10  # a read shorter than this: the producer writes little at a time
+COALESCE = 0.0005  # then let this long pass before the next read (seconds)
 _PAGE = mmap.PAGESIZE
 
 
@@ -56,14 +60,23 @@ class BufferedWindows:
 
     A read takes what the source has now (``readinto1``: one system call) and
     never waits to fill the window, so every complete command goes on at
-    once; while the source has more ready (a fast producer) it goes on
-    reading, up to :data:`BATCH_BYTES`, so windows stay large when bytes
-    flow.
+    once; after a large read it goes on reading while the source has more
+    ready (a fast producer), up to :data:`BATCH_BYTES`, so windows stay large
+    when bytes flow. After a short read (``btrfs send`` of small files writes
+    a few commands at a time) it lets :data:`COALESCE` pass before the next
+    one: each wake-up costs more than the bytes it brings, and a stage woken
+    for every write of a few hundred bytes would spend a core on it
+    (measured in the README's Pipelines section). ``before_read`` (flushing
+    an output) runs before every read that may wait, and before that pause.
     """
 
-    def __init__(self, source: BinaryIO, size: int = 8 << 20) -> None:
+    def __init__(
+        self, source: BinaryIO, size: int = 8 << 20, *, before_read: Callable[[], object] | None = None
+    ) -> None:
         self._source = source
         self._read = read_what_is_there(source)
+        self._before_read = before_read
+        self._trickling = False
         self._ready = _poller(source)
         with contextlib.suppress(AttributeError, OSError, ValueError):
             widen(source.fileno())
@@ -91,10 +104,15 @@ class BufferedWindows:
     def _read_some(self, view: memoryview) -> int:
         """What the source has now, at least one byte (0 at its end): one read,
         then more only while they would not wait."""
+        if self._before_read is not None:
+            self._before_read()
+        if self._trickling:
+            time.sleep(COALESCE)
         total = n = self._read(view) or 0
-        while n and total < min(len(view), BATCH_BYTES) and self._ready():
+        while n >= GATHER_FROM and total < min(len(view), BATCH_BYTES) and self._ready():
             n = self._read(view[total:]) or 0
             total += n
+        self._trickling = 0 < total < TRICKLE
         return total
 
     def check(self) -> None:
@@ -179,30 +197,16 @@ def _poller(source: BinaryIO) -> Callable[[], bool]:
     return lambda: bool(poll.poll(0))
 
 
-def windows_for(source: BinaryIO) -> BufferedWindows | MappedWindows:
-    """Mapped windows for a regular file, buffered ones for anything else.
+def windows_for(source: BinaryIO, before_read: Callable[[], object] | None = None) -> BufferedWindows | MappedWindows:
+    """Mapped windows for a regular file, buffered ones for anything else
+    (``before_read`` runs before each of their reads that may wait).
 
     Without the native module a mapping could not survive a file that shrinks
     under it (SIGBUS), so regular files are read then too.
     """
-    return MappedWindows(source) if native.NATIVE and is_regular(source) else BufferedWindows(source)
-
-
-class FlushBeforeRead:
-    """Reads ``source``, flushing ``out`` whenever a read might wait, so that a
-    pipeline downstream gets every checked command without delay."""
-
-    def __init__(self, source: BinaryIO, out: BinaryIO) -> None:
-        self._source = source
-        self._read = read_what_is_there(source)
-        self._out = out
-
-    def readinto(self, b: memoryview) -> int:
-        self._out.flush()
-        return int(self._read(b) or 0)
-
-    def fileno(self) -> int:
-        return self._source.fileno()
+    if native.NATIVE and is_regular(source):
+        return MappedWindows(source)
+    return BufferedWindows(source, before_read=before_read)
 
 
 def open_input(path: str) -> BinaryIO:
@@ -213,7 +217,12 @@ def open_input(path: str) -> BinaryIO:
 
 
 def file_events(
-    source: BinaryIO, framer: Framer | None = None, batch: Batch | None = None, *, firsts: bool = False
+    source: BinaryIO,
+    framer: Framer | None = None,
+    batch: Batch | None = None,
+    *,
+    firsts: bool = False,
+    before_read: Callable[[], object] | None = None,
 ) -> Iterator[Event]:
     """Every event of ``source`` up to :class:`EndOfInput`, through windows.
 
@@ -221,10 +230,10 @@ def file_events(
     before asking for the next event. With ``batch`` (a native scanner),
     runs of clean commands are handled by it and not yielded (with
     ``firsts``, each stream's first command still is: it says what the
-    stream is).
+    stream is). ``before_read`` runs before every read of a pipe or socket that may wait.
     """
     framer = framer or Framer()
-    windows = windows_for(source)
+    windows = windows_for(source, before_read)
     mv, pos, eof, origin = windows.advance(0, 0)
     step = framer.step
     first = firsts
