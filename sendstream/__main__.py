@@ -14,6 +14,10 @@ def _interrupted_while_loading(signum: int, frame: object) -> None:
 def run() -> None:
     """Console-script entry point; a Ctrl-C while Python loads the CLI ends as one later does."""
     signal.signal(signal.SIGINT, _interrupted_while_loading)
+    from .io.pipes import widen
+
+    for fd in (0, 1):
+        widen(fd)  # the writer before us runs on into the wider pipe while Python loads (~0.1 s)
     from .cli import main
     from .terminal import interrupted
 
