@@ -62,11 +62,11 @@ class BufferedWindows:
     never waits to fill the window, so every complete command goes on at
     once; after a large read it goes on reading while the source has more
     ready (a fast producer), up to :data:`BATCH_BYTES`, so windows stay large
-    when bytes flow. After a short read (``btrfs send`` of small files writes
-    a few commands at a time) it lets :data:`COALESCE` pass before the next
-    one: each wake-up costs more than the bytes it brings, and a stage woken
-    for every write of a few hundred bytes would spend a core on it
-    (measured in the README's Pipelines section). ``before_read`` (flushing
+    when bytes flow. After a short read of a pipe (``btrfs send`` of small
+    files writes a few commands at a time) it lets :data:`COALESCE` pass
+    before the next one: each wake-up costs more than the bytes it brings,
+    and a stage woken for every write of a few hundred bytes would spend a
+    core on it (measured in the README's Pipelines section). ``before_read`` (flushing
     an output) runs before every read that may wait, and before that pause.
     """
 
@@ -77,6 +77,7 @@ class BufferedWindows:
         self._read = read_what_is_there(source)
         self._before_read = before_read
         self._trickling = False
+        self._pauses = _is_pipe(source)  # a socket's or a TLS channel's reads are cut by packets and records
         self._ready = _poller(source)
         with contextlib.suppress(AttributeError, OSError, ValueError):
             widen(source.fileno())
@@ -112,7 +113,7 @@ class BufferedWindows:
         while n >= GATHER_FROM and total < min(len(view), BATCH_BYTES) and self._ready():
             n = self._read(view[total:]) or 0
             total += n
-        self._trickling = 0 < total < TRICKLE
+        self._trickling = self._pauses and 0 < total < TRICKLE
         return total
 
     def check(self) -> None:
@@ -177,6 +178,13 @@ class MappedWindows:
 def is_regular(source: BinaryIO) -> bool:
     try:
         return stat.S_ISREG(os.fstat(source.fileno()).st_mode)
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _is_pipe(source: BinaryIO) -> bool:
+    try:
+        return stat.S_ISFIFO(os.fstat(source.fileno()).st_mode)
     except (AttributeError, OSError, ValueError):
         return False
 
