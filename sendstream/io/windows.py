@@ -66,8 +66,9 @@ class BufferedWindows:
     files writes a few commands at a time) it lets :data:`COALESCE` pass
     before the next one: each wake-up costs more than the bytes it brings,
     and a stage woken for every write of a few hundred bytes would spend a
-    core on it (measured in the README's Pipelines section). ``before_read`` (flushing
-    an output) runs before every read that may wait, and before that pause.
+    core on it (measured in the README's Pipelines section). ``before_read``
+    (flushing an output) runs before every read that may wait, and before
+    that pause.
     """
 
     def __init__(
@@ -77,7 +78,7 @@ class BufferedWindows:
         self._read = read_what_is_there(source)
         self._before_read = before_read
         self._trickling = False
-        self._pauses = _is_pipe(source)  # a socket's or a TLS channel's reads are cut by packets and records
+        self._pauses = _is(stat.S_ISFIFO, source)  # a socket's or a TLS channel's reads are cut by packets and records
         self._ready = _poller(source)
         with contextlib.suppress(AttributeError, OSError, ValueError):
             widen(source.fileno())
@@ -175,18 +176,16 @@ class MappedWindows:
         return Window(memoryview(mapped), skip, length == left, start - self._base)
 
 
+def _is(kind: Callable[[int], bool], source: BinaryIO) -> bool:
+    """Whether ``source`` has a descriptor of that ``kind`` (``stat.S_ISREG``, ...)."""
+    try:
+        return kind(os.fstat(source.fileno()).st_mode)
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
 def is_regular(source: BinaryIO) -> bool:
-    try:
-        return stat.S_ISREG(os.fstat(source.fileno()).st_mode)
-    except (AttributeError, OSError, ValueError):
-        return False
-
-
-def _is_pipe(source: BinaryIO) -> bool:
-    try:
-        return stat.S_ISFIFO(os.fstat(source.fileno()).st_mode)
-    except (AttributeError, OSError, ValueError):
-        return False
+    return _is(stat.S_ISREG, source)
 
 
 def read_what_is_there(source: BinaryIO) -> Callable[[memoryview], int | None]:
