@@ -242,8 +242,9 @@ def test_levels() -> None:
 # --buffer
 
 
-def _producer_share(tmp_path: Path, *extra: str) -> float:
-    """The time a producer took to write a burst into ``send`` at 4 MiB/s, as a share of the whole transfer."""
+def _received_when_written(tmp_path: Path, *extra: str) -> float:
+    """How much of a burst written into ``send`` at 4 MiB/s the receiver had when the producer's write
+    returned, as a share of the burst (an event, not a time: the rate limit paces what can arrive)."""
     data = SAMPLE.read_bytes() * 40  # 11 MB: 2.7 s at 4 MiB/s
     port = free_port()
     out = tmp_path / f"out{len(extra)}"
@@ -253,12 +254,10 @@ def _producer_share(tmp_path: Path, *extra: str) -> float:
         argv = [*CMD, "send", "--to", f"127.0.0.1:{port}", "-", "--tls", "none", "--rate-limit", "4M", *extra]
         send = subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
         assert send.stdin is not None
-        started = time.monotonic()
         send.stdin.write(data)
         send.stdin.close()
-        written = time.monotonic() - started
+        received = sum(p.stat().st_size for p in tmp_path.glob(f".{out.name}.*.tmp"))  # the output being written
         send.wait(timeout=60)
-        took = time.monotonic() - started
         assert send.stderr is not None
         err = send.stderr.read()
         recv.communicate(timeout=60)
@@ -266,9 +265,9 @@ def _producer_share(tmp_path: Path, *extra: str) -> float:
         recv.kill()
     assert send.returncode == 0 and recv.returncode == 0, err
     assert out.read_bytes() == data
-    return written / took
+    return received / len(data)
 
 
 def test_a_buffer_lets_a_bursty_producer_run_on(tmp_path: Path) -> None:
-    assert _producer_share(tmp_path, "--buffer", "16M") < 0.3
-    assert _producer_share(tmp_path) > 0.6  # without it, the producer waits for the network
+    assert _received_when_written(tmp_path, "--buffer", "16M") < 0.5  # 0.01-0.03 measured
+    assert _received_when_written(tmp_path) > 0.6  # without it, the producer waits for the network (0.84)
