@@ -8,7 +8,6 @@ import re
 import socket
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
