@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
+import io
 import json
 import os
 import re
@@ -29,6 +31,7 @@ from sendstream.net.journal import PART_SUFFIX, load_state
 from sendstream.net.tls import connect_channel, load_key
 from sendstream.ops.identity import stream_identity
 from sendstream.ops.stored import stream_name
+from sendstream.service.server import EventLog
 
 FULL = FIXTURES / "rich-full-v2.stream"
 INCR = FIXTURES / "rich-incr-v2.stream"
@@ -322,21 +325,27 @@ def _received_uuid(path: Path) -> str:
     return next(line.split()[-1] for line in shown.stdout.splitlines() if "Received UUID" in line)
 
 
+def _receive_config(tmp_path: Path, mnt: Path, port: int, clients: tuple[str, ...]) -> Path:
+    """A service whose ``clients`` each receive into a directory of their name on ``mnt``."""
+    (tmp_path / "keys").mkdir(exist_ok=True)
+    text = f'listen = "127.0.0.1:{port}"\n'
+    for name in clients:
+        (mnt / name).mkdir()
+        key_file(tmp_path / "keys" / f"{name}.key")
+        text += f'[clients.{name}]\nkey = "keys/{name}.key"\nreceive = "{mnt / name}"\n'
+    config = tmp_path / "serve.toml"
+    config.write_text(text)
+    return config
+
+
 @pytest.mark.btrfs
 def test_into_btrfs_receive_each_client_is_confined_to_its_own_subvolumes(tmp_path: Path) -> None:
     need_root_btrfs()
     full_uuid = stream_identity(FULL.read_bytes()[:65536])["uuid"]
     with btrfs_loop("512M") as mnt:
-        for name in ("alpha", "beta", "direct"):
-            (mnt / name).mkdir()
+        (mnt / "direct").mkdir()
         port = free_port()
-        (tmp_path / "keys").mkdir()
-        text = f'listen = "127.0.0.1:{port}"\n'
-        for name in ("alpha", "beta"):
-            key_file(tmp_path / "keys" / f"{name}.key")
-            text += f'[clients.{name}]\nkey = "keys/{name}.key"\nreceive = "{mnt / name}"\n'
-        config = tmp_path / "serve.toml"
-        config.write_text(text)
+        config = _receive_config(tmp_path, mnt, port, ("alpha", "beta"))
         evil = uuid.uuid4()
         attacks = {
             "clone-from-alpha": _crafted(
@@ -402,6 +411,84 @@ def test_into_btrfs_receive_each_client_is_confined_to_its_own_subvolumes(tmp_pa
         log = events(proc)
         assert sum(e["event"] == "received" for e in log) == 2
         assert any(e["event"] == "btrfs-receive" and e["line"] == "At subvol evil3" for e in log)  # begun, then gone
+
+
+def _subvol(name: bytes, subvolume: uuid.UUID | None = None) -> Command:
+    return Command.build("subvol", [("path", name), ("uuid", subvolume or uuid.uuid4()), ("ctransid", 3)])
+
+
+def _mkfile(path: bytes, ino: int = 257) -> Command:
+    return Command.build("mkfile", [("path", path), ("ino", ino)])
+
+
+FULL_UUID = stream_identity(FULL.read_bytes()[:65536])["uuid"]
+ODD_NAMES = (  # not UTF-8 (latin-1); a newline (that forges a line of `btrfs subvolume list`) and a terminal's escape
+    b"caf\xe9",
+    f"two\nID 999 gen 1 top level 5 received_uuid {FULL_UUID} uuid {FULL_UUID} path \x1b[7m".encode(),
+)
+
+
+@pytest.mark.btrfs
+def test_into_btrfs_receive_a_name_is_data(tmp_path: Path) -> None:
+    """A client's subvolume names that are no UTF-8 text, or hold control characters, stop nobody: another
+    client's transfer, the lists, a metrics scrape and the log all go on, the names escaped."""
+    need_root_btrfs()
+    prom = pytest.importorskip("prometheus_client.parser", reason="the test extra has prometheus_client")
+    uuids = [uuid.uuid4() for _ in ODD_NAMES]
+    with btrfs_loop("512M") as mnt:
+        port, scrape = free_port(), free_port()
+        config = _receive_config(tmp_path, mnt, port, ("alpha", "beta"))
+        with service(config, port, "--metrics", f"127.0.0.1:{scrape}", "--log-format", "text") as proc:
+            wait_listening(scrape)
+            odd = []
+            for name, subvolume in zip(ODD_NAMES, uuids, strict=True):
+                (tmp_path / "odd.stream").write_bytes(_crafted(_subvol(name, subvolume), _mkfile(b"f")))
+                odd.append(send(port, tmp_path, "beta", tmp_path / "odd.stream"))
+            other = send(port, tmp_path, "alpha", FULL)
+            listed = send(port, tmp_path, "beta", FULL, "--list")
+            as_json = send(port, tmp_path, "beta", FULL, "--list", "--json")
+            alpha = send(port, tmp_path, "alpha", FULL, "--list")
+            scraped = urllib.request.urlopen(f"http://127.0.0.1:{scrape}/metrics", timeout=10).read().decode()
+        log = proc.stderr.read() if proc.stderr else b""
+        assert [r.returncode for r in odd] == [0, 0], [r.stderr for r in odd]
+        assert other.returncode == 0, other.stderr
+        assert sorted(os.listdir(os.fsencode(mnt / "beta"))) == sorted(ODD_NAMES)
+    shown = ["caf\\xe9", ODD_NAMES[1].decode().replace("\n", "\\n").replace("\x1b", "\\x1b")]
+    assert listed.stdout.decode().splitlines() == [f"{u}.3 full {n}" for u, n in zip(uuids, shown, strict=True)]
+    snapshots = [json.loads(line) for line in as_json.stdout.decode().splitlines()]
+    assert [(s["name"], s.get("name_base64")) for s in snapshots] == [
+        (shown[0], base64.b64encode(ODD_NAMES[0]).decode()),  # not UTF-8: its bytes in base64 beside
+        (ODD_NAMES[1].decode(), None),  # UTF-8: the name itself, its control characters escaped by JSON
+    ]
+    assert alpha.stdout.decode().splitlines()[0].endswith(" rich_base"), alpha.stderr
+    series = {
+        s.labels["subvolume"]
+        for family in prom.text_string_to_metric_families(scraped)
+        for s in family.samples
+        if "subvolume" in s.labels
+    }
+    assert series == {*shown, "rich_base"}
+    text = log.decode()  # UTF-8, every line of it
+    assert all(line.isprintable() for line in text.splitlines()), text
+    received = [line.split(" subvolumes=")[1] for line in text.splitlines() if " received " in line]
+    assert [r.split(" bytes=")[0] for r in received] == [shown[0], json.dumps(shown[1]), "rich_base"], text
+
+
+def test_the_event_log_escapes_what_it_is_given() -> None:
+    """Names that are no UTF-8 (as Python reads them: surrogates) and control characters leave the log as
+    printable text: plain, or JSON that any parser takes."""
+    name = os.fsdecode(b"caf\xe9\n\x1b[7m")
+    lines = {}
+    for fmt in ("text", "json"):
+        out = io.StringIO()
+        EventLog(out, fmt)("received", client="beta", subvolumes=name, line="At subvol " + name)
+        lines[fmt] = out.getvalue()
+    assert lines["text"].endswith(
+        ' received client=beta subvolumes=caf\\xe9\\n\\x1b[7m line="At subvol caf\\\\xe9\\\\n\\\\x1b[7m"\n'
+    ), lines["text"]
+    assert lines["text"][:-1].isprintable()
+    logged = json.loads(lines["json"])
+    assert logged["subvolumes"] == "caf\\xe9\\n\\x1b[7m" and logged["line"] == "At subvol " + logged["subvolumes"]
 
 
 def test_a_plain_receiver_has_no_list_to_give(tmp_path: Path) -> None:
@@ -623,15 +710,9 @@ def test_a_killed_service_resumes_into_btrfs_receive(tmp_path: Path) -> None:
             ["btrfs", "send", "-q", "-p", str(src / "one"), "-f", str(streams[1]), str(src / "two")], check=True
         )
     with btrfs_loop("512M") as mnt:
-        (mnt / "alpha").mkdir()
         (mnt / "direct").mkdir()
         port = free_port()
-        (tmp_path / "keys").mkdir()
-        key_file(tmp_path / "keys" / "alpha.key")
-        config = tmp_path / "serve.toml"
-        config.write_text(
-            f'listen = "127.0.0.1:{port}"\n[clients.alpha]\nkey = "keys/alpha.key"\nreceive = "{mnt / "alpha"}"\n'
-        )
+        config = _receive_config(tmp_path, mnt, port, ("alpha",))
         with service(config, port) as proc:
             sender = _sender(
                 port, tmp_path, streams[0], "--rate-limit", "2M", "--retries", "20", "--retry-delay", "0.5"
