@@ -474,6 +474,50 @@ def test_into_btrfs_receive_a_name_is_data(tmp_path: Path) -> None:
     assert [r.split(" bytes=")[0] for r in received] == [shown[0], json.dumps(shown[1]), "rich_base"], text
 
 
+def _escapes(mine: uuid.UUID) -> dict[str, list[Command]]:
+    """Commands whose paths leave their subvolume (``mine``), each by another attribute."""
+    build = Command.build
+    clone = [("path", b"f"), ("file_offset", 0), ("clone_len", 4096), ("clone_uuid", mine), ("clone_ctransid", 3)]
+    data = [build("write", [("path", b"f"), ("file_offset", i << 16), ("data", bytes(1 << 16))]) for i in range(400)]
+    return {
+        "path": [build("mkdir", [("path", b"../escaped"), ("ino", 258)])],
+        "path, deeper": [build("mkdir", [("path", b"d"), ("ino", 258)]), _mkfile(b"d/../../escaped", 259)],
+        "path, absolute": [build("mkdir", [("path", b"/escaped"), ("ino", 258)])],
+        "path, NUL": [build("mkdir", [("path", b"escaped\0/../x"), ("ino", 258)])],
+        "path_to": [build("rename", [("path", b"f"), ("path_to", b"../escaped")])],
+        "path_link": [build("link", [("path", b"g"), ("path_link", b"../escaped")])],
+        "clone_path": [Command.build("clone", [*clone, ("clone_path", b"../escaped"), ("clone_offset", 0)])],
+        "path, after 25 MiB": [*data, build("mkdir", [("path", b"../escaped"), ("ino", 258)])],
+    }
+
+
+@pytest.mark.btrfs
+def test_into_btrfs_receive_no_path_leaves_its_subvolume(tmp_path: Path) -> None:
+    """``..``, an absolute path or a NUL in any path of a stream is refused before btrfs receive sees it,
+    and what the refused transfer began is gone; a symlink's target may say anything."""
+    need_root_btrfs()
+    mine = uuid.uuid4()
+    with btrfs_loop("512M") as mnt:
+        port = free_port()
+        config = _receive_config(tmp_path, mnt, port, ("beta",))
+        with service(config, port) as proc:
+            refused = {}
+            for attribute, commands in _escapes(mine).items():
+                stream = tmp_path / "escape.stream"
+                stream.write_bytes(_crafted(_subvol(b"evil", mine), _mkfile(b"f"), *commands))
+                refused[attribute] = send(port, tmp_path, "beta", stream)
+            link = Command.build("symlink", [("path", b"s"), ("ino", 258), ("path_link", b"../../escaped")])
+            stream.write_bytes(_crafted(_subvol(b"fine"), _mkfile(b"f"), link))
+            fine = send(port, tmp_path, "beta", stream)
+        for attribute, result in refused.items():
+            why = re.compile(rf"names a path out of its subvolume: .* \[attribute {attribute.split(',')[0]}\]".encode())
+            assert result.returncode == 2 and why.search(result.stderr), (attribute, result.stderr)
+        assert fine.returncode == 0, fine.stderr
+        assert os.readlink(mnt / "beta" / "fine" / "s") == "../../escaped"
+        assert sorted(os.listdir(mnt)) == ["beta"] and os.listdir(mnt / "beta") == ["fine"]
+        assert any(e["event"] == "btrfs-receive" and e["line"] == "At subvol evil" for e in events(proc))  # begun
+
+
 def test_the_event_log_escapes_what_it_is_given() -> None:
     """Names that are no UTF-8 (as Python reads them: surrogates) and control characters leave the log as
     printable text: plain, or JSON that any parser takes."""

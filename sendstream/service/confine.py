@@ -1,15 +1,21 @@
-"""What a client's stream may name by UUID before ``btrfs receive`` sees it.
+"""What a client's stream may name before ``btrfs receive`` sees it: paths in its subvolume, UUIDs of its own.
+
+``btrfs receive`` joins every path of a stream to its subvolume as given,
+so a ``..`` would reach out of the subvolume into the client's place (its
+``--chroot``). :class:`UuidGuard` sees every command before it goes on and
+refuses ``..``, an absolute path and a NUL in every path of every command
+(a symlink's target aside: it may say anything).
 
 ``btrfs receive`` finds a SNAPSHOT's parent and a CLONE's source by UUID
 (received UUID first, then UUID) across the whole file system, not in the
 directory it writes to. A crafted stream could so clone another client's
 data into its own subvolume, or claim another client's snapshot as its
-parent. :class:`UuidGuard` sees every command before it goes on and allows
-a parent or clone source only when it is one of the client's own
-subvolumes (a subvolume directly in its place) and no subvolume outside the
-place carries that UUID too; the stream's own subvolume may not carry a
-UUID found outside the place either, or a later lookup could pick the
-wrong one. A clone from the subvolume being received is always allowed.
+parent. The guard allows a parent or clone source only when it is one of
+the client's own subvolumes (a subvolume directly in its place) and no
+subvolume outside the place carries that UUID too; the stream's own
+subvolume may not carry a UUID found outside the place either, or a later
+lookup could pick the wrong one. A clone from the subvolume being received
+is always allowed.
 
 The subvolumes are read from the file system's tree of roots (as ``btrfs
 subvolume list`` does), not from that tool's text: a name is data, and a
@@ -21,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import os
+import re
 import stat
 import struct
 from collections.abc import Callable, Iterator
@@ -29,17 +36,31 @@ from uuid import UUID
 
 from .. import errors as e
 from ..codec.attributes import split_attributes
+from ..extract.tree import PATH_MAX, split_path
 from ..format.command import Command
 from ..format.layout import (
+    A_DATA,
+    ATTRIBUTE_NUMBERS,
     COMMAND_HEADER,
     COMMAND_HEADER_SIZE,
     COMMAND_NUMBERS,
     STREAM_HEADER,
     STREAM_MAGIC,
+    TLV_HEADER,
+    TLV_HEADER_SIZE,
+    attribute_name,
+    command_name,
 )
 
 _SUBVOL, _SNAPSHOT, _CLONE = COMMAND_NUMBERS["subvol"], COMMAND_NUMBERS["snapshot"], COMMAND_NUMBERS["clone"]
 _WATCHED = {_SUBVOL, _SNAPSHOT, _CLONE}
+_LINK = COMMAND_NUMBERS["link"]
+_PATHS = frozenset(ATTRIBUTE_NUMBERS[name] for name in ("path", "path_to", "clone_path"))
+_LINK_PATHS = _PATHS | {ATTRIBUTE_NUMBERS["path_link"]}  # a LINK's path_link is a path; a SYMLINK's, a target
+_NAMED = {_SUBVOL, _SNAPSHOT, _LINK}  # a SUBVOL's and SNAPSHOT's path is their subvolume's name (_subvolume)
+# A fast path for most paths: plain names, none that starts with a dot or is longer than NAME_MAX; any
+# other path is judged by split_path (which takes ".profile", and refuses "..")
+_PLAIN = re.compile(rb"(?:[^/\0.][^/\0]{0,254}/)*[^/\0.][^/\0]{0,254}|")
 _INO_LOOKUP = 0xD0009412  # BTRFS_IOC_INO_LOOKUP: _IOWR(0x94, 18, struct btrfs_ioctl_ino_lookup_args), 4096 bytes
 _TREE_SEARCH = 0xD0009411  # BTRFS_IOC_TREE_SEARCH: _IOWR(0x94, 17, struct btrfs_ioctl_search_args), 4096 bytes
 _SEARCH_KEY = struct.Struct("<7Q3I36x")  # btrfs_ioctl_search_key: tree, objectid, offset, transid ranges, types, count
@@ -59,7 +80,7 @@ _RootItem = tuple[UUID | None, UUID | None, UUID | None, int, bool]
 
 
 class Refused(e.FormatError):
-    """A stream names a subvolume that is not its client's."""
+    """A stream names a subvolume that is not its client's, or a path out of its subvolume."""
 
     exit_code = e.EXIT_USAGE
     kind = "refused"
@@ -247,18 +268,44 @@ class UuidGuard:
                 self.own.add(self._current)  # a later stream of the input may build on it
             self.offset += len(view)
             return
-        pos = 0
-        while pos < len(view):
-            length, cmd, _ = COMMAND_HEADER.unpack_from(view, pos)
+        pos, stop = 0, A_DATA if self._version >= 2 else -1  # (a version-2 DATA has no length: it runs to the end)
+        command_at, attribute_at, plain = COMMAND_HEADER.unpack_from, TLV_HEADER.unpack_from, _PLAIN.fullmatch
+        while pos < len(view):  # (one loop, not a call a command: every command of every stream goes through it)
+            length, cmd, _ = command_at(view, pos)
             self.index += 1
+            start = at = pos + COMMAND_HEADER_SIZE
+            end = start + length
+            paths = _PATHS if cmd not in _NAMED else _LINK_PATHS if cmd == _LINK else ()
+            while end - at >= TLV_HEADER_SIZE:
+                number, size = attribute_at(view, at)
+                if number == stop:
+                    break
+                at += TLV_HEADER_SIZE
+                if number in paths and (size >= PATH_MAX or plain(view[at : at + size]) is None):
+                    self._path(bytes(view[at : at + size]), cmd, number, self.offset + pos)
+                at += size
             if cmd in _WATCHED:
-                end = pos + COMMAND_HEADER_SIZE + length
-                attrs = split_attributes(view, pos + COMMAND_HEADER_SIZE, end, self._version, self.index, None)
+                attrs = split_attributes(view, start, end, self._version, self.index, None)
                 self._check(Command(cmd, attrs, version=self._version), self.offset + pos)
-            pos += COMMAND_HEADER_SIZE + length
+            pos = end
         if pos != len(view):  # the healer writes whole commands: anything else would go unchecked
             raise e.UsageError(f"the UUID guard got part of a command at output offset {self.offset + len(view)}")
         self.offset += len(view)
+
+    def _path(self, value: bytes, cmd: int, number: int, offset: int) -> None:
+        """Refuse a path that :func:`~sendstream.extract.tree.split_path` refuses."""
+        name = attribute_name(number)
+        try:
+            split_path(value, what=name.replace("_", " "))
+        except e.UnsafePath as exc:
+            raise Refused(
+                f"{command_name(cmd)} names a path out of its subvolume: {exc.message} ('{e.shown(value)}')",
+                offset=offset,
+                index=self.index,
+                command=command_name(cmd),
+                attribute=name,
+                expected=exc.expected,
+            ) from None
 
     def _check(self, command: Command, offset: int) -> None:
         if command.cmd in (_SUBVOL, _SNAPSHOT):

@@ -437,8 +437,8 @@ def receive_into(
     checkpoint: Checkpoint | None = None,
     say: Callable[[str], object] = lambda line: None,
 ) -> tuple[str, int, tuple[str, ...]]:
-    """Check the stream of ``session`` and give it to ``btrfs receive`` in ``client``'s place, its UUIDs
-    confined (:class:`~sendstream.service.confine.UuidGuard`); the subvolumes made, and the size. What
+    """Check the stream of ``session`` and give it to ``btrfs receive`` in ``client``'s place, its paths and
+    UUIDs confined (:class:`~sendstream.service.confine.UuidGuard`); the subvolumes made, and the size. What
     ``btrfs receive`` writes on stderr goes to ``say``, line by line.
 
     A session's stream is journaled as :func:`store` journals it, so that the same stream sent again
