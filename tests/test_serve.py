@@ -518,6 +518,54 @@ def test_into_btrfs_receive_no_path_leaves_its_subvolume(tmp_path: Path) -> None
         assert any(e["event"] == "btrfs-receive" and e["line"] == "At subvol evil" for e in events(proc))  # begun
 
 
+def _logged(proc: subprocess.Popen[bytes], kept: list[dict[str, object]], wanted: dict[str, object]) -> None:
+    """Read the service's log (into ``kept``) until an event with the fields ``wanted``."""
+    assert proc.stderr is not None
+    failsafe = threading.Timer(60, proc.kill)  # then the log ends, and so does the wait
+    failsafe.start()
+    try:
+        while not kept or any(kept[-1].get(k) != v for k, v in wanted.items()):
+            line = proc.stderr.readline()
+            assert line, f"the service ended before {wanted}: {kept}"
+            kept.append(json.loads(line))
+    finally:
+        failsafe.cancel()
+
+
+@pytest.mark.btrfs
+def test_into_btrfs_receive_a_uuid_received_meanwhile_is_not_claimed(tmp_path: Path) -> None:
+    """A transfer held open while the same UUID is received elsewhere on the file system cannot claim it
+    after all; the refusal says where the other subvolume is."""
+    need_root_btrfs()
+    full_uuid = uuid.UUID(FULL_UUID)
+    head = _crafted(_subvol(b"first"), _mkfile(b"f"))[: -len(encode_command(Command.build("end"), 2))]
+    rest = encode_command(Command.build("end"), 2) + _crafted(_subvol(b"copy", full_uuid))
+    with btrfs_loop("512M") as mnt:
+        (mnt / "direct").mkdir()
+        port = free_port()
+        config = _receive_config(tmp_path, mnt, port, ("alpha",))
+        with service(config, port) as proc:
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.settimeout(60)
+            with connect_channel(
+                sock, "tls13-aes128-gcm", load_key(tmp_path / "keys" / "alpha.key"), "alpha"
+            ) as channel:
+                channel.send_all(head)
+                log: list[dict[str, object]] = []
+                _logged(proc, log, {"event": "btrfs-receive", "line": "At subvol first"})  # the guard is past its start
+                subprocess.run(
+                    ["btrfs", "receive", "-f", str(FULL), str(mnt / "direct")], capture_output=True, check=True
+                )
+                channel.send_all(rest)
+                channel.shutdown_write()
+                buf = bytearray(4096)
+                told = bytes(buf[: channel.recv_into(buf)])
+        assert told.startswith(b"sendstream-status 2 "), told
+        where = "which the subvolume <FS_TREE>/direct/rich_base outside this client's place has too"
+        assert f"subvol names subvolume {full_uuid}, {where}" in told.decode(), told
+        assert os.listdir(mnt / "alpha") == []  # the first subvolume of the refused transfer too
+
+
 def test_the_event_log_escapes_what_it_is_given() -> None:
     """Names that are no UTF-8 (as Python reads them: surrogates) and control characters leave the log as
     printable text: plain, or JSON that any parser takes."""

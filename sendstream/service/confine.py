@@ -15,7 +15,9 @@ the client's own subvolumes (a subvolume directly in its place) and no
 subvolume outside the place carries that UUID too; the stream's own
 subvolume may not carry a UUID found outside the place either, or a later
 lookup could pick the wrong one. A clone from the subvolume being received
-is always allowed.
+is always allowed. The file system is read again for each subvolume of the
+stream, after its UUID is claimed, so that a UUID another transfer received
+meanwhile is seen.
 
 The subvolumes are read from the file system's tree of roots (as ``btrfs
 subvolume list`` does), not from that tool's text: a name is data, and a
@@ -74,6 +76,7 @@ _FIRST_FREE_OBJECTID = 256  # the inode of a subvolume's root directory, and the
 _LAST_FREE_OBJECTID = 2**64 - 256
 _READONLY = 1  # BTRFS_ROOT_SUBVOL_RDONLY
 _MAX = 2**64 - 1
+_UNIQUE = "a UUID no subvolume outside this client's place has"
 
 
 _RootItem = tuple[UUID | None, UUID | None, UUID | None, int, bool]
@@ -111,6 +114,22 @@ class Subvolumes:
     all: dict[int, Subvolume]
     own: set[UUID]
     foreign: dict[UUID, int]
+
+    def where(self, found: UUID) -> str:
+        """The path (from the file system's top level, escaped) of the foreign subvolume that has ``found``."""
+        parts: list[bytes] = []
+        at = self.foreign[found]
+        try:
+            fd = os.open(self.place, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                while (subvolume := self.all.get(at)) is not None and len(parts) < len(self.all):
+                    parts.append(_ino_lookup(fd, subvolume.parent_id, subvolume.dirid)[1] + subvolume.name)
+                    at = subvolume.parent_id
+            finally:
+                os.close(fd)
+        except OSError:  # deleted meanwhile
+            return f"of ID {self.foreign[found]}"
+        return "<FS_TREE>/" + e.shown(b"/".join(reversed(parts)))
 
 
 def placed(place: str) -> tuple[dict[str, Subvolume], dict[int, Subvolume]]:
@@ -243,18 +262,19 @@ def _ino_lookup_root(path: str) -> int:
 
 
 class UuidGuard:
-    """Sees what goes to ``btrfs receive`` before it goes: a stream header, or whole commands.
+    """Sees what goes to ``btrfs receive`` in ``place`` before it goes: a stream header, or whole commands.
 
-    ``own`` and ``foreign`` are from :func:`subvolumes`; ``claim(uuid,
-    name)`` is asked for each stream's own subvolume (its UUID, and its name
-    in the place: one path component) and may refuse it by raising (another
-    transfer holds that UUID or name now, or the name is taken).
+    ``claim(uuid, name)`` is asked for each stream's own subvolume (its UUID,
+    and its name in the place: one path component) and may refuse it by
+    raising (another transfer holds that UUID or name now, or the name is
+    taken); then the file system is read (:func:`subvolumes`).
     """
 
-    def __init__(self, own: set[UUID], foreign: dict[UUID, int], claim: Callable[[UUID, str], object]) -> None:
-        self.own = set(own)
-        self.foreign = foreign
+    def __init__(self, place: str, claim: Callable[[UUID, str], object]) -> None:
+        self.place = place
         self._claim = claim
+        self._seen: Subvolumes | None = None
+        self._made: set[UUID] = set()  # the subvolumes of this input's earlier streams
         self._current: UUID | None = None
         self._version = 0
         self.offset = 0  # of the output
@@ -265,7 +285,7 @@ class UuidGuard:
         if view[: len(STREAM_MAGIC)] == STREAM_MAGIC:
             self._version = STREAM_HEADER.unpack_from(view)[1]
             if self._current is not None:
-                self.own.add(self._current)  # a later stream of the input may build on it
+                self._made.add(self._current)  # a later stream of the input may build on it
             self.offset += len(view)
             return
         pos, stop = 0, A_DATA if self._version >= 2 else -1  # (a version-2 DATA has no length: it runs to the end)
@@ -286,7 +306,11 @@ class UuidGuard:
                 at += size
             if cmd in _WATCHED:
                 attrs = split_attributes(view, start, end, self._version, self.index, None)
-                self._check(Command(cmd, attrs, version=self._version), self.offset + pos)
+                command = Command(cmd, attrs, version=self._version)
+                if cmd != _CLONE:
+                    self._subvolume(command, self.offset + pos)
+                if cmd != _SUBVOL:
+                    self._source(command, self.offset + pos)
             pos = end
         if pos != len(view):  # the healer writes whole commands: anything else would go unchecked
             raise e.UsageError(f"the UUID guard got part of a command at output offset {self.offset + len(view)}")
@@ -307,35 +331,43 @@ class UuidGuard:
                 expected=exc.expected,
             ) from None
 
-    def _check(self, command: Command, offset: int) -> None:
-        if command.cmd in (_SUBVOL, _SNAPSHOT):
-            subvolume = command.get("uuid")
-            if subvolume in self.foreign:
-                self._refuse(command, offset, "uuid", subvolume, "a UUID no subvolume outside this client's place has")
-            name = command.get("path")
-            if not name or b"/" in name or name in (b".", b"..") or b"\0" in name:
-                raise Refused(
-                    f"{command.name} names its subvolume {name!r}, not one name in this client's place",
-                    offset=offset,
-                    index=self.index,
-                    command=command.name,
-                    attribute="path",
-                    expected="one path component",
-                    actual=name,
-                )
-            self._claim(subvolume, os.fsdecode(name))
-            self._current = subvolume
-        if command.cmd in (_SNAPSHOT, _CLONE):
-            source = command.get("clone_uuid")
-            if source == self._current and command.cmd == _CLONE:
-                return
-            if source not in self.own or source in self.foreign:
-                what = "its parent" if command.cmd == _SNAPSHOT else "a clone source"
-                self._refuse(command, offset, "clone_uuid", source, f"{what} among this client's own subvolumes")
+    def _subvolume(self, command: Command, offset: int) -> None:
+        subvolume = command.get("uuid")
+        name = command.get("path")
+        if not name or b"/" in name or name in (b".", b"..") or b"\0" in name:
+            raise Refused(
+                f"{command.name} names its subvolume {name!r}, not one name in this client's place",
+                offset=offset,
+                index=self.index,
+                command=command.name,
+                attribute="path",
+                expected="one path component",
+                actual=name,
+            )
+        self._claim(subvolume, os.fsdecode(name))
+        self._current = subvolume
+        self._seen = subvolumes(self.place)  # after the claim: what another transfer received meanwhile too
+        if subvolume in self._seen.foreign:
+            self._refuse(command, offset, "uuid", subvolume, _UNIQUE, self._seen.where(subvolume))
 
-    def _refuse(self, command: Command, offset: int, attribute: str, value: UUID, expected: str) -> None:
+    def _source(self, command: Command, offset: int) -> None:
+        source = command.get("clone_uuid")
+        if source == self._current and command.cmd == _CLONE:
+            return
+        seen = self._seen = self._seen or subvolumes(self.place)
+        if source not in seen.own and source not in self._made:
+            what = "its parent" if command.cmd == _SNAPSHOT else "a clone source"
+            self._refuse(command, offset, "clone_uuid", source, f"{what} among this client's own subvolumes")
+        if source in seen.foreign:
+            self._refuse(command, offset, "clone_uuid", source, _UNIQUE, seen.where(source))
+
+    def _refuse(
+        self, command: Command, offset: int, attribute: str, value: UUID, expected: str, where: str | None = None
+    ) -> None:
+        """Refuse ``command`` for the UUID ``value``: not this client's, or also that of the subvolume ``where``."""
+        whose = f"the subvolume {where} outside this client's place has too" if where else "is not this client's"
         raise Refused(
-            f"{command.name} names subvolume {value}, which is not this client's",
+            f"{command.name} names subvolume {value}, which {whose}",
             offset=offset,
             index=self.index,
             command=command.name,

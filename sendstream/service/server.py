@@ -48,7 +48,7 @@ from ..ops.identity import snapshot_name, stream_identity
 from ..ops.ledger import Checkpoint, Ledger
 from ..ops.stored import manifest, stream_name
 from .config import Client, Config
-from .confine import UuidGuard, leftover, subvolumes
+from .confine import UuidGuard, leftover
 from .held import held
 from .metrics import Metrics, NoMetrics
 
@@ -446,7 +446,6 @@ def receive_into(
     subvolumes that run left are deleted and the kept part is given to a new ``btrfs receive`` again
     before the session's bytes. On any failure the subvolumes this run began are deleted; the journal stays.
     """
-    seen = subvolumes(client.place)
     made: list[str] = []
     journal, again, ledger = None, False, None
     if not session.raw:
@@ -464,7 +463,7 @@ def receive_into(
         claim(subvolume, name)
         made.append(name)
 
-    guard = UuidGuard(seen.own, seen.foreign, claimed)
+    guard = UuidGuard(client.place, claimed)
     command = shlex.join(["btrfs", "receive", "--chroot", client.place])
     try:
         with ChildSink(command, stderr=say) as child:
