@@ -129,14 +129,16 @@ def serve(config_path: str, check_config: bool, log_format: str, metrics: str | 
 
 
 def list_held(connect: Callable[[], Channel], as_json: bool) -> None:
-    """``send --list``: print what a ``sendstream serve`` holds for us, one snapshot a line."""
+    """``send --list``: print what a ``sendstream serve`` holds for us, one snapshot a line (what the service
+    says escaped: a name may hold anything)."""
     import json
 
     from .net.sending import list_held as listed
+    from .ops.identity import printable
 
     for s in listed(connect):
         if as_json:
             click.echo(json.dumps(s, sort_keys=True))
             continue
         parent = f"from {s.get('parent_uuid')}.{s.get('parent_ctransid')}" if s.get("parent_uuid") else "full"
-        click.echo(f"{s.get('uuid')}.{s.get('ctransid')} {parent} {s.get('name')}")
+        click.echo(printable(f"{s.get('uuid')}.{s.get('ctransid')} {parent} {s.get('name')}"))

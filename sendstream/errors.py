@@ -12,6 +12,7 @@ whether a new connection may cure it (``retryable``).
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Iterator, Sequence
 from typing import overload
 
@@ -99,6 +100,17 @@ def shown(raw: bytes) -> str:
     """A name or path of a stream in a message: undecodable bytes and control characters escaped."""
     text = raw.decode("utf-8", "backslashreplace")
     return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def escaped(text: str) -> str:
+    """A name as Python holds it (its undecodable bytes as surrogates, :func:`os.fsdecode`) in a message,
+    a log or a label: printable, escaped as :func:`shown` escapes."""
+    if text.isprintable():
+        return text
+    try:
+        return shown(os.fsencode(text))
+    except UnicodeEncodeError:  # a surrogate that stands for no byte
+        return shown(text.encode("utf-8", "backslashreplace"))
 
 
 class Located:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
+import io
 import json
 import os
 import re
@@ -29,6 +31,7 @@ from sendstream.net.journal import PART_SUFFIX, load_state
 from sendstream.net.tls import connect_channel, load_key
 from sendstream.ops.identity import stream_identity
 from sendstream.ops.stored import stream_name
+from sendstream.service.server import EventLog
 
 FULL = FIXTURES / "rich-full-v2.stream"
 INCR = FIXTURES / "rich-incr-v2.stream"
@@ -322,21 +325,27 @@ def _received_uuid(path: Path) -> str:
     return next(line.split()[-1] for line in shown.stdout.splitlines() if "Received UUID" in line)
 
 
+def _receive_config(tmp_path: Path, mnt: Path, port: int, clients: tuple[str, ...]) -> Path:
+    """A service whose ``clients`` each receive into a directory of their name on ``mnt``."""
+    (tmp_path / "keys").mkdir(exist_ok=True)
+    text = f'listen = "127.0.0.1:{port}"\n'
+    for name in clients:
+        (mnt / name).mkdir()
+        key_file(tmp_path / "keys" / f"{name}.key")
+        text += f'[clients.{name}]\nkey = "keys/{name}.key"\nreceive = "{mnt / name}"\n'
+    config = tmp_path / "serve.toml"
+    config.write_text(text)
+    return config
+
+
 @pytest.mark.btrfs
 def test_into_btrfs_receive_each_client_is_confined_to_its_own_subvolumes(tmp_path: Path) -> None:
     need_root_btrfs()
     full_uuid = stream_identity(FULL.read_bytes()[:65536])["uuid"]
     with btrfs_loop("512M") as mnt:
-        for name in ("alpha", "beta", "direct"):
-            (mnt / name).mkdir()
+        (mnt / "direct").mkdir()
         port = free_port()
-        (tmp_path / "keys").mkdir()
-        text = f'listen = "127.0.0.1:{port}"\n'
-        for name in ("alpha", "beta"):
-            key_file(tmp_path / "keys" / f"{name}.key")
-            text += f'[clients.{name}]\nkey = "keys/{name}.key"\nreceive = "{mnt / name}"\n'
-        config = tmp_path / "serve.toml"
-        config.write_text(text)
+        config = _receive_config(tmp_path, mnt, port, ("alpha", "beta"))
         evil = uuid.uuid4()
         attacks = {
             "clone-from-alpha": _crafted(
@@ -402,6 +411,176 @@ def test_into_btrfs_receive_each_client_is_confined_to_its_own_subvolumes(tmp_pa
         log = events(proc)
         assert sum(e["event"] == "received" for e in log) == 2
         assert any(e["event"] == "btrfs-receive" and e["line"] == "At subvol evil3" for e in log)  # begun, then gone
+
+
+def _subvol(name: bytes, subvolume: uuid.UUID | None = None) -> Command:
+    return Command.build("subvol", [("path", name), ("uuid", subvolume or uuid.uuid4()), ("ctransid", 3)])
+
+
+def _mkfile(path: bytes, ino: int = 257) -> Command:
+    return Command.build("mkfile", [("path", path), ("ino", ino)])
+
+
+FULL_UUID = stream_identity(FULL.read_bytes()[:65536])["uuid"]
+ODD_NAMES = (  # not UTF-8 (latin-1); a newline (that forges a line of `btrfs subvolume list`) and a terminal's escape
+    b"caf\xe9",
+    f"two\nID 999 gen 1 top level 5 received_uuid {FULL_UUID} uuid {FULL_UUID} path \x1b[7m".encode(),
+)
+
+
+@pytest.mark.btrfs
+def test_into_btrfs_receive_a_name_is_data(tmp_path: Path) -> None:
+    """A client's subvolume names that are no UTF-8 text, or hold control characters, stop nobody: another
+    client's transfer, the lists, a metrics scrape and the log all go on, the names escaped."""
+    need_root_btrfs()
+    prom = pytest.importorskip("prometheus_client.parser", reason="the test extra has prometheus_client")
+    uuids = [uuid.uuid4() for _ in ODD_NAMES]
+    with btrfs_loop("512M") as mnt:
+        port, scrape = free_port(), free_port()
+        config = _receive_config(tmp_path, mnt, port, ("alpha", "beta"))
+        with service(config, port, "--metrics", f"127.0.0.1:{scrape}", "--log-format", "text") as proc:
+            wait_listening(scrape)
+            odd = []
+            for name, subvolume in zip(ODD_NAMES, uuids, strict=True):
+                (tmp_path / "odd.stream").write_bytes(_crafted(_subvol(name, subvolume), _mkfile(b"f")))
+                odd.append(send(port, tmp_path, "beta", tmp_path / "odd.stream"))
+            other = send(port, tmp_path, "alpha", FULL)
+            listed = send(port, tmp_path, "beta", FULL, "--list")
+            as_json = send(port, tmp_path, "beta", FULL, "--list", "--json")
+            alpha = send(port, tmp_path, "alpha", FULL, "--list")
+            scraped = urllib.request.urlopen(f"http://127.0.0.1:{scrape}/metrics", timeout=10).read().decode()
+        log = proc.stderr.read() if proc.stderr else b""
+        assert [r.returncode for r in odd] == [0, 0], [r.stderr for r in odd]
+        assert other.returncode == 0, other.stderr
+        assert sorted(os.listdir(os.fsencode(mnt / "beta"))) == sorted(ODD_NAMES)
+    shown = ["caf\\xe9", ODD_NAMES[1].decode().replace("\n", "\\n").replace("\x1b", "\\x1b")]
+    assert listed.stdout.decode().splitlines() == [f"{u}.3 full {n}" for u, n in zip(uuids, shown, strict=True)]
+    snapshots = [json.loads(line) for line in as_json.stdout.decode().splitlines()]
+    assert [(s["name"], s.get("name_base64")) for s in snapshots] == [
+        (shown[0], base64.b64encode(ODD_NAMES[0]).decode()),  # not UTF-8: its bytes in base64 beside
+        (ODD_NAMES[1].decode(), None),  # UTF-8: the name itself, its control characters escaped by JSON
+    ]
+    assert alpha.stdout.decode().splitlines()[0].endswith(" rich_base"), alpha.stderr
+    series = {
+        s.labels["subvolume"]
+        for family in prom.text_string_to_metric_families(scraped)
+        for s in family.samples
+        if "subvolume" in s.labels
+    }
+    assert series == {*shown, "rich_base"}
+    text = log.decode()  # UTF-8, every line of it
+    assert all(line.isprintable() for line in text.splitlines()), text
+    received = [line.split(" subvolumes=")[1] for line in text.splitlines() if " received " in line]
+    assert [r.split(" bytes=")[0] for r in received] == [shown[0], json.dumps(shown[1]), "rich_base"], text
+
+
+def _escapes(mine: uuid.UUID) -> dict[str, list[Command]]:
+    """Commands whose paths leave their subvolume (``mine``), each by another attribute."""
+    build = Command.build
+    clone = [("path", b"f"), ("file_offset", 0), ("clone_len", 4096), ("clone_uuid", mine), ("clone_ctransid", 3)]
+    data = [build("write", [("path", b"f"), ("file_offset", i << 16), ("data", bytes(1 << 16))]) for i in range(400)]
+    return {
+        "path": [build("mkdir", [("path", b"../escaped"), ("ino", 258)])],
+        "path, deeper": [build("mkdir", [("path", b"d"), ("ino", 258)]), _mkfile(b"d/../../escaped", 259)],
+        "path, absolute": [build("mkdir", [("path", b"/escaped"), ("ino", 258)])],
+        "path, NUL": [build("mkdir", [("path", b"escaped\0/../x"), ("ino", 258)])],
+        "path_to": [build("rename", [("path", b"f"), ("path_to", b"../escaped")])],
+        "path_link": [build("link", [("path", b"g"), ("path_link", b"../escaped")])],
+        "clone_path": [Command.build("clone", [*clone, ("clone_path", b"../escaped"), ("clone_offset", 0)])],
+        "path, after 25 MiB": [*data, build("mkdir", [("path", b"../escaped"), ("ino", 258)])],
+    }
+
+
+@pytest.mark.btrfs
+def test_into_btrfs_receive_no_path_leaves_its_subvolume(tmp_path: Path) -> None:
+    """``..``, an absolute path or a NUL in any path of a stream is refused before btrfs receive sees it,
+    and what the refused transfer began is gone; a symlink's target may say anything."""
+    need_root_btrfs()
+    mine = uuid.uuid4()
+    with btrfs_loop("512M") as mnt:
+        port = free_port()
+        config = _receive_config(tmp_path, mnt, port, ("beta",))
+        with service(config, port) as proc:
+            refused = {}
+            for attribute, commands in _escapes(mine).items():
+                stream = tmp_path / "escape.stream"
+                stream.write_bytes(_crafted(_subvol(b"evil", mine), _mkfile(b"f"), *commands))
+                refused[attribute] = send(port, tmp_path, "beta", stream)
+            link = Command.build("symlink", [("path", b"s"), ("ino", 258), ("path_link", b"../../escaped")])
+            stream.write_bytes(_crafted(_subvol(b"fine"), _mkfile(b"f"), link))
+            fine = send(port, tmp_path, "beta", stream)
+        for attribute, result in refused.items():
+            why = re.compile(rf"names a path out of its subvolume: .* \[attribute {attribute.split(',')[0]}\]".encode())
+            assert result.returncode == 2 and why.search(result.stderr), (attribute, result.stderr)
+        assert fine.returncode == 0, fine.stderr
+        assert os.readlink(mnt / "beta" / "fine" / "s") == "../../escaped"
+        assert sorted(os.listdir(mnt)) == ["beta"] and os.listdir(mnt / "beta") == ["fine"]
+        assert any(e["event"] == "btrfs-receive" and e["line"] == "At subvol evil" for e in events(proc))  # begun
+
+
+def _logged(proc: subprocess.Popen[bytes], kept: list[dict[str, object]], wanted: dict[str, object]) -> None:
+    """Read the service's log (into ``kept``) until an event with the fields ``wanted``."""
+    assert proc.stderr is not None
+    failsafe = threading.Timer(60, proc.kill)  # then the log ends, and so does the wait
+    failsafe.start()
+    try:
+        while not kept or any(kept[-1].get(k) != v for k, v in wanted.items()):
+            line = proc.stderr.readline()
+            assert line, f"the service ended before {wanted}: {kept}"
+            kept.append(json.loads(line))
+    finally:
+        failsafe.cancel()
+
+
+@pytest.mark.btrfs
+def test_into_btrfs_receive_a_uuid_received_meanwhile_is_not_claimed(tmp_path: Path) -> None:
+    """A transfer held open while the same UUID is received elsewhere on the file system cannot claim it
+    after all; the refusal says where the other subvolume is."""
+    need_root_btrfs()
+    full_uuid = uuid.UUID(FULL_UUID)
+    head = _crafted(_subvol(b"first"), _mkfile(b"f"))[: -len(encode_command(Command.build("end"), 2))]
+    rest = encode_command(Command.build("end"), 2) + _crafted(_subvol(b"copy", full_uuid))
+    with btrfs_loop("512M") as mnt:
+        (mnt / "direct").mkdir()
+        port = free_port()
+        config = _receive_config(tmp_path, mnt, port, ("alpha",))
+        with service(config, port) as proc:
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.settimeout(60)
+            with connect_channel(
+                sock, "tls13-aes128-gcm", load_key(tmp_path / "keys" / "alpha.key"), "alpha"
+            ) as channel:
+                channel.send_all(head)
+                log: list[dict[str, object]] = []
+                _logged(proc, log, {"event": "btrfs-receive", "line": "At subvol first"})  # the guard is past its start
+                subprocess.run(
+                    ["btrfs", "receive", "-f", str(FULL), str(mnt / "direct")], capture_output=True, check=True
+                )
+                channel.send_all(rest)
+                channel.shutdown_write()
+                buf = bytearray(4096)
+                told = bytes(buf[: channel.recv_into(buf)])
+        assert told.startswith(b"sendstream-status 2 "), told
+        where = "which the subvolume <FS_TREE>/direct/rich_base outside this client's place has too"
+        assert f"subvol names subvolume {full_uuid}, {where}" in told.decode(), told
+        assert os.listdir(mnt / "alpha") == []  # the first subvolume of the refused transfer too
+
+
+def test_the_event_log_escapes_what_it_is_given() -> None:
+    """Names that are no UTF-8 (as Python reads them: surrogates) and control characters leave the log as
+    printable text: plain, or JSON that any parser takes."""
+    name = os.fsdecode(b"caf\xe9\n\x1b[7m")
+    lines = {}
+    for fmt in ("text", "json"):
+        out = io.StringIO()
+        EventLog(out, fmt)("received", client="beta", subvolumes=name, line="At subvol " + name)
+        lines[fmt] = out.getvalue()
+    assert lines["text"].endswith(
+        ' received client=beta subvolumes=caf\\xe9\\n\\x1b[7m line="At subvol caf\\\\xe9\\\\n\\\\x1b[7m"\n'
+    ), lines["text"]
+    assert lines["text"][:-1].isprintable()
+    logged = json.loads(lines["json"])
+    assert logged["subvolumes"] == "caf\\xe9\\n\\x1b[7m" and logged["line"] == "At subvol " + logged["subvolumes"]
 
 
 def test_a_plain_receiver_has_no_list_to_give(tmp_path: Path) -> None:
@@ -623,15 +802,9 @@ def test_a_killed_service_resumes_into_btrfs_receive(tmp_path: Path) -> None:
             ["btrfs", "send", "-q", "-p", str(src / "one"), "-f", str(streams[1]), str(src / "two")], check=True
         )
     with btrfs_loop("512M") as mnt:
-        (mnt / "alpha").mkdir()
         (mnt / "direct").mkdir()
         port = free_port()
-        (tmp_path / "keys").mkdir()
-        key_file(tmp_path / "keys" / "alpha.key")
-        config = tmp_path / "serve.toml"
-        config.write_text(
-            f'listen = "127.0.0.1:{port}"\n[clients.alpha]\nkey = "keys/alpha.key"\nreceive = "{mnt / "alpha"}"\n'
-        )
+        config = _receive_config(tmp_path, mnt, port, ("alpha",))
         with service(config, port) as proc:
             sender = _sender(
                 port, tmp_path, streams[0], "--rate-limit", "2M", "--retries", "20", "--retry-delay", "0.5"

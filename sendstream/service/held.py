@@ -1,6 +1,7 @@
 """What the service holds for a client: its stored streams, or the subvolumes received into its place.
 
-Each snapshot is one dict: ``name`` (in the place), ``uuid`` and
+Each snapshot is one dict: ``name`` (in the place; see :func:`named` for
+a name that is not UTF-8), ``uuid`` and
 ``ctransid`` (of the sender's subvolume), ``parent_uuid`` and
 ``parent_ctransid`` (None for a full stream, or where the parent is gone),
 and for a stored stream its ``size`` and when it was ``stored``. A backup
@@ -9,14 +10,16 @@ script picks the parent of its next incremental from them (``send --list``).
 
 from __future__ import annotations
 
+import base64
 import json
 import os
-import subprocess
 from typing import Any
 
 from ..archive.catalog import entries
 from ..archive.store import Location, connect
+from ..errors import shown
 from .config import Client
+from .confine import placed
 
 MAX_HELD = 100_000  # snapshots listed at most (the answer's lines are bounded too)
 MAX_MANIFEST = 64 << 10
@@ -61,40 +64,28 @@ def _archived(place: str, s3: Any) -> list[dict[str, Any]]:
 
 
 def _received(place: str) -> list[dict[str, Any]]:
-    shown: dict[str, dict[str, str]] = {}
-    with os.scandir(place) as entries:
-        for entry in entries:
-            if len(shown) >= MAX_HELD:
-                break
-            if entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_ino == 256:
-                fields = _show(entry.path)
-                if fields.get("Received UUID", "-") != "-":
-                    shown[entry.name] = fields
-    by_uuid = {f.get("UUID"): f for f in shown.values()}
+    mine, _ = placed(place)
+    received = {name: s for name, s in mine.items() if s.received_uuid is not None}
+    by_uuid = {s.uuid: s for s in received.values()}
     out = []
-    for name, fields in shown.items():
-        parent = by_uuid.get(fields.get("Parent UUID"))
+    for name, s in list(received.items())[:MAX_HELD]:
+        parent = by_uuid.get(s.parent_uuid)
         out.append(
             {
-                "name": name,
-                "uuid": fields["Received UUID"],
-                "ctransid": _number(fields.get("Send transid")),
-                "parent_uuid": parent.get("Received UUID") if parent else None,
-                "parent_ctransid": _number(parent.get("Send transid")) if parent else None,
+                **named(os.fsencode(name)),
+                "uuid": str(s.received_uuid),
+                "ctransid": s.send_transid,
+                "parent_uuid": str(parent.received_uuid) if parent else None,
+                "parent_ctransid": parent.send_transid if parent else None,
             }
         )
     return out
 
 
-def _show(path: str) -> dict[str, str]:
-    result = subprocess.run(["btrfs", "subvolume", "show", path], capture_output=True, text=True, check=False)
-    fields = {}
-    for line in result.stdout.splitlines()[1:]:
-        key, sep, value = line.strip().partition(":")
-        if sep:
-            fields[key.strip()] = value.strip()
-    return fields
-
-
-def _number(text: str | None) -> int | None:
-    return int(text) if text and text.isdigit() else None
+def named(raw: bytes) -> dict[str, str]:
+    """A snapshot's ``name``: the name when it is UTF-8, else escaped (``\\xe9``) with its bytes in
+    ``name_base64`` beside (a flat field: the list's answers are flat JSON objects)."""
+    try:
+        return {"name": raw.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"name": shown(raw), "name_base64": base64.b64encode(raw).decode("ascii")}

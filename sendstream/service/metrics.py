@@ -7,7 +7,8 @@
 - ``sendstream_last_success_timestamp_seconds{client,subvolume}``: when the last transfer of that
   subvolume ended well. ``subvolume`` is the snapshot's name without a trailing date or number
   (``home.20261201T0100`` and ``home.20261202T0100`` are ``home``, as btrbk names them), so the
-  number of series stays that of the subvolumes backed up, not of the snapshots.
+  number of series stays that of the subvolumes backed up, not of the snapshots. A name that is not
+  printable UTF-8 is escaped as messages escape it (``caf\\xe9``).
 """
 
 from __future__ import annotations
@@ -16,15 +17,16 @@ import re
 import time
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import UsageError, escaped
 from ..net.address import Address
 
 _SUFFIX = re.compile(r"[._-]?\d{4,}(?:[T_-]?\d+)*(?:_\d+)?$")
 
 
 def series(name: str) -> str:
-    """The subvolume a snapshot named ``name`` is of: the name without a trailing date or number."""
-    return _SUFFIX.sub("", name) or name
+    """The subvolume a snapshot named ``name`` is of: the name without a trailing date or number, escaped
+    (a label is UTF-8 text; a name may be any bytes but NUL and ``/``)."""
+    return escaped(_SUFFIX.sub("", name) or name)
 
 
 class Metrics:

@@ -48,7 +48,7 @@ from ..ops.identity import snapshot_name, stream_identity
 from ..ops.ledger import Checkpoint, Ledger
 from ..ops.stored import manifest, stream_name
 from .config import Client, Config
-from .confine import UuidGuard, leftover, subvolumes
+from .confine import UuidGuard, leftover
 from .held import held
 from .metrics import Metrics, NoMetrics
 
@@ -56,7 +56,8 @@ DRAIN_SECONDS = 30.0  # after SIGTERM, how long running transfers may take to en
 
 
 class EventLog:
-    """One line per event, plain ``key=value`` text or JSON lines, safe from every thread."""
+    """One line per event, plain ``key=value`` text or JSON lines, safe from every thread; a value that is
+    no printable text (a name: any bytes) is escaped (:func:`~sendstream.errors.escaped`)."""
 
     def __init__(self, stream: IO[str], fmt: str = "text") -> None:
         self._stream = stream
@@ -66,7 +67,8 @@ class EventLog:
     def __call__(self, event: str, **fields: Any) -> None:
         when = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
         if self._json:
-            line = json.dumps({"time": when, "event": event, **fields}, sort_keys=False)
+            shown = {k: e.escaped(v) if isinstance(v, str) else v for k, v in fields.items()}
+            line = json.dumps({"time": when, "event": event, **shown}, sort_keys=False)
         else:
             line = " ".join([when, event, *(f"{k}={_text(v)}" for k, v in fields.items())])
         with self._lock:
@@ -79,7 +81,7 @@ def _count(n: int, noun: str) -> str:
 
 
 def _text(value: Any) -> str:
-    text = str(value)
+    text = e.escaped(str(value))
     return json.dumps(text) if not text or any(c.isspace() or c in '"=' for c in text) else text
 
 
@@ -265,7 +267,7 @@ class Service:
     def _claim(self, client: Client, claims: list[str], subvolume: uuid.UUID, name: str) -> None:
         """Hold ``subvolume`` (everywhere) and ``name`` (in the client's place) for one transfer of ``client``."""
         if os.path.lexists(os.path.join(client.place, name)):
-            raise e.SessionError(f"refused: {name!r} is already in {client.identity}'s place")
+            raise e.SessionError(f"refused: '{e.escaped(name)}' is already in {client.identity}'s place")
         self._hold([f"uuid {subvolume}", f"path {os.path.join(client.place, name)}"], claims, client)
 
     def _hold(self, wanted: list[str], claims: list[str], client: Client) -> None:
@@ -435,8 +437,8 @@ def receive_into(
     checkpoint: Checkpoint | None = None,
     say: Callable[[str], object] = lambda line: None,
 ) -> tuple[str, int, tuple[str, ...]]:
-    """Check the stream of ``session`` and give it to ``btrfs receive`` in ``client``'s place, its UUIDs
-    confined (:class:`~sendstream.service.confine.UuidGuard`); the subvolumes made, and the size. What
+    """Check the stream of ``session`` and give it to ``btrfs receive`` in ``client``'s place, its paths and
+    UUIDs confined (:class:`~sendstream.service.confine.UuidGuard`); the subvolumes made, and the size. What
     ``btrfs receive`` writes on stderr goes to ``say``, line by line.
 
     A session's stream is journaled as :func:`store` journals it, so that the same stream sent again
@@ -444,7 +446,6 @@ def receive_into(
     subvolumes that run left are deleted and the kept part is given to a new ``btrfs receive`` again
     before the session's bytes. On any failure the subvolumes this run began are deleted; the journal stays.
     """
-    own, foreign = subvolumes(client.place)
     made: list[str] = []
     journal, again, ledger = None, False, None
     if not session.raw:
@@ -462,7 +463,7 @@ def receive_into(
         claim(subvolume, name)
         made.append(name)
 
-    guard = UuidGuard(own, foreign, claimed)
+    guard = UuidGuard(client.place, claimed)
     command = shlex.join(["btrfs", "receive", "--chroot", client.place])
     try:
         with ChildSink(command, stderr=say) as child:
