@@ -139,20 +139,29 @@ class OutputDirectory:
 
 
 class OutputFile(io.FileIO):
-    """A file written for ``path``: its errors (ENOSPC, EIO) name ``path``; a reader that
-    went away (``| head``) stays a BrokenPipeError."""
+    """A file written for ``path``: each write writes all it is given or fails; its errors
+    (ENOSPC, EIO) name ``path``; a reader that went away (``| head``) stays a BrokenPipeError."""
 
     def __init__(self, fd: int, path: str, *, closefd: bool = True) -> None:
         super().__init__(fd, "wb", closefd=closefd)
         self.path = path
 
     def write(self, data: Any) -> int:
+        """Write all of ``data``: a short write (a file-size limit, a disk that filled and was freed)
+        goes on with the rest, never drops it."""
+        view = memoryview(data).cast("B")
+        done = 0
         try:
-            return super().write(data)
+            while done < len(view):
+                n = super().write(view[done:])
+                if not n:  # None: a non-blocking descriptor that is full
+                    raise e.OutputError(self.path, f"the system took none of {len(view) - done} bytes")
+                done += n
         except BrokenPipeError:
             raise
         except OSError as exc:
             raise e.OutputError(self.path, exc.strerror or str(exc)) from None
+        return done
 
     def fsync(self) -> None:
         try:
