@@ -99,11 +99,13 @@ class Journal:
     the checkpoint's offset: what came after it was never made durable. Every
     file is made or opened relative to the directory, opened once, without
     following symlinks (:class:`~sendstream.files.OutputDirectory`); an
-    existing part that is not a regular file of ours is refused.
+    existing part that is not a regular file of ours is refused. Write errors
+    name ``shown`` (the file the user knows: ``path`` unless given).
     """
 
-    def __init__(self, path: str, key: bytes, checkpoint: Checkpoint | None = None) -> None:
+    def __init__(self, path: str, key: bytes, checkpoint: Checkpoint | None = None, *, shown: str = "") -> None:
         self.path = path
+        self.shown = shown or path
         self.part = path + PART_SUFFIX
         self.state = state_path(path)
         self._dir = OutputDirectory(path)
@@ -112,18 +114,18 @@ class Journal:
         self._key = key
         self.checkpoint = checkpoint
         self.token = make_token(checkpoint, key) if checkpoint else None
-        self._durable = self._pending = checkpoint.offset if checkpoint else 0
+        self._durable = self._pending = self._end = checkpoint.offset if checkpoint else 0
         self._pending_at = time.monotonic()
         self._syncer: threading.Thread | None = None
         self._failure: BaseException | None = None
         try:
             if checkpoint is None:
                 self._dir.remove_stale(self._part_name)
-                self._raw = OutputFile(self._dir.create(self._part_name), self.part)
+                self._raw = OutputFile(self._dir.create(self._part_name), self.shown)
             else:
                 if self._dir.lstat(self._part_name) is None:
                     raise ResumeError(f"nothing to resume: {self.part} is gone")
-                self._raw = OutputFile(self._dir.open_ours(self._part_name, os.O_RDWR), self.part)
+                self._raw = OutputFile(self._dir.open_ours(self._part_name, os.O_RDWR), self.shown)
                 size = os.fstat(self._raw.fileno()).st_size
                 if size < checkpoint.offset:
                     self._raw.close()
@@ -149,6 +151,7 @@ class Journal:
 
     def write(self, data: Any) -> None:
         self.file.write(data)
+        self._end += len(data)
 
     def commit(self, offset: int, stream: dict[str, Any] | None, ledger: Ledger) -> int:
         """Flush; every ``CHECKPOINT_BYTES`` or seconds start making ``offset`` durable.
@@ -173,7 +176,7 @@ class Journal:
             self._raw.fsync()  # everything before the checkpoint was flushed to the file
             token = make_token(checkpoint, self._key)
             tmp, fd = self._dir.create_temporary(0o600)
-            with OutputFile(fd, self.state) as f:
+            with OutputFile(fd, self.shown) as f:
                 f.write((token + "\n").encode("ascii"))
                 f.fsync()
             self._dir.replace(tmp, self._state_name)
@@ -192,6 +195,9 @@ class Journal:
         self._settle()
         self.file.flush()
         self._raw.fsync()
+        size = os.fstat(self._raw.fileno()).st_size
+        if size != self._end:
+            raise e.OutputError(self.shown, f"it holds {size} bytes of the {self._end} written to it: a write was lost")
         self._dir.replace(self._part_name, self._dir.name, self._raw.fileno())
         self.file.close()
         self._dir.unlink(self._state_name)

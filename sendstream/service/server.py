@@ -46,7 +46,7 @@ from ..net.tls import Channel, PlainChannel, accept_channel
 from ..net.tls.keys import fingerprint
 from ..ops.identity import snapshot_name, stream_identity
 from ..ops.ledger import Checkpoint, Ledger
-from ..ops.stored import manifest, stream_name
+from ..ops.stored import Unnamed, manifest, stream_name
 from .config import Client, Config
 from .confine import UuidGuard, leftover, subvolumes
 from .held import held
@@ -353,79 +353,132 @@ def store(
 
     A session's stream is journaled (:class:`~sendstream.net.journal.Journal`: durable checkpoints, a
     resume state signed with the client's key), so that the same stream sent again continues from
-    ``checkpoint``, the last one of an earlier run; a raw stream goes to a hidden temporary file.
+    ``checkpoint``, the last one of an earlier run; a raw stream goes to a hidden temporary file. Write
+    errors name the stream (a raw one: its place, until its first command names it); on any failure
+    nothing is left under the stream's name (:func:`_named`).
     """
     progress = Progress("received", mode=NONE)
     ledger = Ledger(checkpoint)
-    digest = hashlib.sha256()  # of the whole stream, as it is written (a resumed one: its kept part first)
-
-    def hashed(write: Callable[[Any], object]) -> Callable[[Any], None]:
-        def written(data: Any) -> None:
-            write(data)
-            digest.update(data)
-
-        return written
+    taken = _Taken(client.place)  # the whole stream, as it is written (a resumed one: its kept part first)
 
     with OutputDirectory(os.path.join(client.place, "incoming.stream")) as place:
         if session.raw:
             hidden, fd = place.create_temporary(0o600)
             try:
-                with OutputFile(fd, os.path.join(client.place, hidden)) as out:
-                    receive_resumable(session, hashed(out.write), progress, ledger=ledger)
+                with OutputFile(fd, taken.shown) as out:
+                    receive_resumable(session, taken.through(_naming(out)), progress, ledger=ledger)
                     out.fsync()
+                    taken.shown = out.path
             except BaseException:
                 place.unlink(hidden)
                 raise
         else:
             assert session.identity is not None
             hidden = incoming_name(session.identity)
-            journal = Journal(os.path.join(client.place, hidden), client.key, checkpoint)
+            taken.shown = os.path.join(client.place, stream_name(session.identity))
+            journal = Journal(os.path.join(client.place, hidden), client.key, checkpoint, shown=taken.shown)
             try:
                 if checkpoint is not None:
                     kept_part, buf = journal.prefix(), bytearray(1 << 20)
                     while n := kept_part.readinto(buf):
-                        digest.update(memoryview(buf)[:n])
-                receive_resumable(session, hashed(journal.write), progress, journal, ledger)
+                        taken.add(memoryview(buf)[:n])
+                receive_resumable(session, taken.through(journal.write), progress, journal, ledger)
                 journal.finish()
             except BaseException:
                 journal.stop(session.written, session.identity, ledger)  # it stays, for the next run
                 raise
         try:
-            return _named(place, hidden, client, peer, ledger, digest.hexdigest())
-        except BaseException:
-            place.unlink(hidden)
-            raise
+            return _named(place, hidden, client, peer, ledger, taken)
+        finally:
+            place.unlink(hidden)  # named by now, or not to be
+
+
+class _Taken:
+    """The bytes of a stream :func:`store` wrote: counted and hashed as they are written; ``shown`` is
+    the stream's path as errors name it (its place, until its name is known)."""
+
+    def __init__(self, shown: str) -> None:
+        self.digest = hashlib.sha256()
+        self.size = 0
+        self.shown = shown
+
+    def add(self, data: Any) -> None:
+        self.digest.update(data)
+        self.size += len(data)
+
+    def through(self, write: Callable[[Any], object]) -> Callable[[Any], None]:
+        """``write``, then :meth:`add` what it wrote."""
+
+        def written(data: Any) -> None:
+            write(data)
+            self.add(data)
+
+        return written
+
+
+def _naming(out: OutputFile) -> Callable[[Any], None]:
+    """``out.write`` for a raw stream; ``out.path`` (a directory) becomes the stream's name in it as soon
+    as the stream's first command, which says it, is in."""
+    place, head = out.path, bytearray()
+
+    def write(data: Any) -> None:
+        if out.path == place and len(head) < PREFIX_SIZE:
+            head.extend(memoryview(data)[: PREFIX_SIZE - len(head)])
+            with contextlib.suppress(Unnamed):
+                out.path = os.path.join(place, stream_name(stream_identity(bytes(head))))
+        out.write(data)
+
+    return write
 
 
 def _named(
-    place: OutputDirectory, hidden: str, client: Client, peer: str, ledger: Ledger, sha256: str
+    place: OutputDirectory, hidden: str, client: Client, peer: str, ledger: Ledger, taken: _Taken
 ) -> tuple[str, int, tuple[str, ...]]:
-    """Give the whole stream in ``hidden`` (``sha256`` its digest) its name, with its manifest beside it
-    (durable before the sender hears success); its name, size and snapshot."""
+    """Give the whole stream in ``hidden`` (``taken`` as it was written) its name, with its manifest beside
+    it (durable before the sender hears success); its name, size and snapshot. A file that is not all the
+    bytes taken is never named."""
     fd = place.open_ours(hidden, os.O_RDONLY)
     try:
-        size, prefix = os.fstat(fd).st_size, os.pread(fd, PREFIX_SIZE, 0)  # the prefix says what it is
+        size = os.fstat(fd).st_size
+        if size != taken.size:
+            raise e.OutputError(taken.shown, f"it holds {size} bytes of the {taken.size} received: not stored")
+        prefix = os.pread(fd, PREFIX_SIZE, 0)  # the prefix says what it is
         identity = stream_identity(prefix)
         name = stream_name(identity)
+        shown = os.path.join(client.place, name)
+        sha256 = taken.digest.hexdigest()
         record = manifest(
             identity, size=size, sha256=sha256, commands=ledger.commands, ledger=ledger.digest(),
             client=client.identity, peer=peer,
         )  # fmt: skip
-        place.replace(hidden, name, fd)
+        note, named = _note(place, record, shown + ".json"), False
+        try:
+            place.replace(hidden, name, fd)
+            named = True
+            place.replace(note, name + ".json")
+        except BaseException:
+            place.unlink(note)
+            if named:
+                place.unlink(name)
+            raise
+        place.sync()
     finally:
         os.close(fd)
-    note, note_fd = place.create_temporary(0o600)
+    snapshot = snapshot_name(prefix)
+    return name, size, (snapshot,) if snapshot else ()
+
+
+def _note(place: OutputDirectory, record: bytes, shown: str) -> str:
+    """A new hidden file in ``place`` that holds ``record``, durable (its errors name ``shown``): its name."""
+    note, fd = place.create_temporary(0o600)
     try:
-        with OutputFile(note_fd, os.path.join(client.place, note)) as f:
+        with OutputFile(fd, shown) as f:
             f.write(record)
             f.fsync()
-        place.replace(note, name + ".json")
     except BaseException:
         place.unlink(note)
         raise
-    place.sync()
-    snapshot = snapshot_name(prefix)
-    return name, size, (snapshot,) if snapshot else ()
+    return note
 
 
 def receive_into(
