@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -168,6 +169,22 @@ def test_a_bad_stream_leaves_nothing_in_the_place(tmp_path: Path) -> None:
     assert sorted(stored(tmp_path, "alpha")) == [name_of(FULL), name_of(FULL) + ".json"]  # no hidden file left
     failed = [e for e in events(proc) if e["event"] == "failed"]
     assert len(failed) == 1 and failed[0]["client"] == "alpha" and "crc32c mismatch" in str(failed[0]["reason"])
+
+
+def test_stored_streams_are_private_whatever_the_umask(tmp_path: Path) -> None:
+    """Plain and resumable (journaled) sends, under umask 022: every file of the place is 0600."""
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    umask = os.umask(0o022)
+    try:
+        with service(config, port):
+            results = [send(port, tmp_path, "alpha", FULL, "--resumable"), send(port, tmp_path, "alpha", INCR)]
+    finally:
+        os.umask(umask)
+    assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in (tmp_path / "places" / "alpha").iterdir()}
+    names = [name for stream in (FULL, INCR) for name in (name_of(stream), name_of(stream) + ".json")]
+    assert modes == dict.fromkeys(names, "0o600")
 
 
 def raw_tls_send(port: int, key: Path, identity: str, data: bytes) -> bytes:

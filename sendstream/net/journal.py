@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -99,11 +100,15 @@ class Journal:
     the checkpoint's offset: what came after it was never made durable. Every
     file is made or opened relative to the directory, opened once, without
     following symlinks (:class:`~sendstream.files.OutputDirectory`); an
-    existing part that is not a regular file of ours is refused. Write errors
-    name ``shown`` (the file the user knows: ``path`` unless given).
+    existing part that is not a regular file of ours is refused. The part is
+    made with ``mode`` (less the umask), a kept one is narrowed to it; the
+    state is 0600. Write errors name ``shown`` (the file the user knows:
+    ``path`` unless given).
     """
 
-    def __init__(self, path: str, key: bytes, checkpoint: Checkpoint | None = None, *, shown: str = "") -> None:
+    def __init__(
+        self, path: str, key: bytes, checkpoint: Checkpoint | None = None, *, mode: int = 0o600, shown: str = ""
+    ) -> None:
         self.path = path
         self.shown = shown or path
         self.part = path + PART_SUFFIX
@@ -121,12 +126,14 @@ class Journal:
         try:
             if checkpoint is None:
                 self._dir.remove_stale(self._part_name)
-                self._raw = OutputFile(self._dir.create(self._part_name), self.shown)
+                self._raw = OutputFile(self._dir.create(self._part_name, mode), self.shown)
             else:
                 if self._dir.lstat(self._part_name) is None:
                     raise ResumeError(f"nothing to resume: {self.part} is gone")
                 self._raw = OutputFile(self._dir.open_ours(self._part_name, os.O_RDWR), self.shown)
-                size = os.fstat(self._raw.fileno()).st_size
+                st = os.fstat(self._raw.fileno())
+                os.fchmod(self._raw.fileno(), stat.S_IMODE(st.st_mode) & mode)  # made before it was 0600
+                size = st.st_size
                 if size < checkpoint.offset:
                     self._raw.close()
                     raise ResumeError(
