@@ -149,13 +149,12 @@ class OutputFile(io.FileIO):
     def write(self, data: Any) -> int:
         """Write all of ``data``: a short write (a file-size limit, a disk that filled and was freed)
         goes on with the rest, never drops it."""
-        view = memoryview(data).cast("B")
-        done = 0
+        view, done = memoryview(data).cast("B"), 0
         try:
             while done < len(view):
-                n = super().write(view[done:])
+                n = super().write(view[done:] if done else view)
                 if not n:  # None: a non-blocking descriptor that is full
-                    raise e.OutputError(self.path, f"the system took none of {len(view) - done} bytes")
+                    raise e.OutputError(self.path, f"the system took none of the {len(view) - done} bytes left")
                 done += n
         except BrokenPipeError:
             raise
