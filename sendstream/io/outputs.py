@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import io
 import os
 import stat
@@ -136,6 +137,16 @@ class OutputDirectory:
 
     def sync(self) -> None:
         os.fsync(self.fd)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the directory's lock (``flock``) inside: what others holding it check and rename in the
+        directory does not interleave with what we do (two transfers naming one stream)."""
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
 
 
 class OutputFile(io.FileIO):

@@ -194,6 +194,7 @@ class Service:
         result, size = "failed", 0
         names: tuple[str, ...] = ()
         claims: list[str] = []
+        already = False  # a stored stream sent again
         try:
             checkpoint = None
             if opening.identity is not None and not client.archive:  # (a bucket keeps no journal)
@@ -219,14 +220,15 @@ class Service:
                     session, client, lambda *what: self._claim(client, claims, *what), checkpoint, **child
                 )
             else:
-                name, size, names = store(session, client, opening.peer, checkpoint)
-            session.answer(0, "ok")
+                name, size, names, already = store(session, client, opening.peer, checkpoint)
+            session.answer(0, f"already stored: {name} holds these same bytes" if already else "ok")
             result = "ok"
             done = {"subvolumes": name} if client.receive else {"stream": name}
             self.log(
                 "received" if client.receive else "stored",
                 **fields,
                 **done,
+                **({"already": True} if already else {}),
                 bytes=size,
                 seconds=round(time.monotonic() - began, 3),
             )
@@ -347,9 +349,9 @@ def kept(journal: str, key: bytes, identity: dict[str, Any]) -> Checkpoint | Non
 
 def store(
     session: SessionReceiver, client: Client, peer: str, checkpoint: Checkpoint | None = None
-) -> tuple[str, int, tuple[str, ...]]:
+) -> tuple[str, int, tuple[str, ...], bool]:
     """Check and write the stream of ``session`` into ``client``'s place; once stored, its file name, its
-    size and the name of its snapshot.
+    size, the name of its snapshot, and whether these same bytes were stored under that name already.
 
     A session's stream is journaled (:class:`~sendstream.net.journal.Journal`: durable checkpoints, a
     resume state signed with the client's key), so that the same stream sent again continues from
@@ -433,10 +435,11 @@ def _naming(out: OutputFile) -> Callable[[Any], None]:
 
 def _named(
     place: OutputDirectory, hidden: str, client: Client, peer: str, ledger: Ledger, taken: _Taken
-) -> tuple[str, int, tuple[str, ...]]:
+) -> tuple[str, int, tuple[str, ...], bool]:
     """Give the whole stream in ``hidden`` (``taken`` as it was written) its name, with its manifest beside
-    it (durable before the sender hears success); its name, size and snapshot. A file that is not all the
-    bytes taken is never named."""
+    it (durable before the sender hears success); its name, size, snapshot, and whether these same bytes
+    were stored under that name already. A file that is not all the bytes taken is never named, and
+    neither is a stream whose name holds other bytes: it is refused, as ``send --to s3://`` refuses."""
     fd = place.open_ours(hidden, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
@@ -451,21 +454,34 @@ def _named(
             identity, size=size, sha256=sha256, commands=ledger.commands, ledger=ledger.digest(),
             client=client.identity, peer=peer,
         )  # fmt: skip
-        note, named = _note(place, record, shown + ".json"), False
-        try:
-            place.replace(hidden, name, fd)
-            named = True
-            place.replace(note, name + ".json")
-        except BaseException:
-            place.unlink(note)
-            if named:
-                place.unlink(name)
-            raise
-        place.sync()
+        with place.locked():  # another transfer of this name waits until ours is named (or refused)
+            already = place.lstat(name) is not None
+            if already:
+                _refuse_other(place, name, size, sha256, shown)
+            if not already or place.lstat(name + ".json") is None:  # (none: cut between the two renames)
+                note = _note(place, record, shown + ".json")
+                try:
+                    if not already:
+                        place.replace(hidden, name, fd)
+                    place.replace(note, name + ".json")
+                except BaseException:
+                    place.unlink(note)
+                    if not already:
+                        place.unlink(name)
+                    raise
+                place.sync()
     finally:
         os.close(fd)
     snapshot = snapshot_name(prefix)
-    return name, size, (snapshot,) if snapshot else ()
+    return name, size, (snapshot,) if snapshot else (), already
+
+
+def _refuse_other(place: OutputDirectory, name: str, size: int, sha256: str, shown: str) -> None:
+    """Refuse unless the stream stored as ``name`` is ``size`` bytes with the digest ``sha256``."""
+    with os.fdopen(place.open_ours(name, os.O_RDONLY), "rb") as f:
+        same = os.fstat(f.fileno()).st_size == size and hashlib.file_digest(f, "sha256").hexdigest() == sha256
+    if not same:
+        raise e.UsageError(f"{shown}: a stream of this name is stored already, with other bytes: not replaced")
 
 
 def _note(place: OutputDirectory, record: bytes, shown: str) -> str:
