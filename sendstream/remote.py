@@ -118,6 +118,9 @@ def send(
         )
     if not show.quiet:
         click.echo(f"sendstream: {sending.noted(summary).line('sent', verbose=verbose)}", err=True)
+        said = summary.status.partition(" ")[2]  # "0 ok", or what else a receiver has to say (already stored)
+        if said not in ("", "ok"):
+            click.echo(f"sendstream: the receiver says: {said}", err=True)
 
 
 @click.command(cls=Group.command_class)

@@ -1153,6 +1153,40 @@ def test_clone_copy_budget_counts_data_not_holes(copy_dir: Path) -> None:
     assert (copy_dir / "copy").stat().st_size == (1 << 30) + BLOCK
 
 
+def test_a_copy_is_whole_or_fails(copy_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clone copied where copy_file_range takes nothing (some file systems, for some files) is read and
+    written instead, not cut short; a source that really ends early fails the command."""
+    block = bytes(range(256)) * (BLOCK // 256)
+    commands = [subvol(), mkfile(b"src", 257), write(b"src", block * 4), mkfile(b"dst", 258)]
+    data, offsets = stream_of(*commands, clone(b"dst", b"src", length=4 * BLOCK), build("end"))
+    whole, cut = copy_dir / "whole", copy_dir / "cut"
+    whole.mkdir()
+    cut.mkdir()
+    monkeypatch.setattr(os, "copy_file_range", lambda *args: 0)
+    extract(io.BytesIO(data), whole)
+    assert (whole / "dst").read_bytes() == block * 4
+    monkeypatch.setattr(os, "pread", lambda *args: b"")  # the source shrank under us
+    with pytest.raises(ApplyError, match="clone: the source ended at offset 0, 16384 bytes early") as caught:
+        extract(io.BytesIO(data), cut)
+    assert caught.value.offset == offsets[4]
+
+
+def test_a_write_the_file_takes_none_of_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = 0
+
+    def none_taken(fd: int, data: Any, offset: int) -> int:
+        nonlocal calls
+        calls += 1
+        assert calls < 100, "pwrite_all spins on a write that takes nothing"
+        return 0
+
+    data, offsets = stream_of(subvol(), mkfile(b"f"), write(b"f", b"abc"), build("end"))
+    monkeypatch.setattr(os, "pwrite", none_taken)
+    with pytest.raises(ApplyError, match="write: the file took none of 3 bytes at offset 0") as caught:
+        extract(io.BytesIO(data), tmp_path)
+    assert caught.value.offset == offsets[2]
+
+
 @contextlib.contextmanager
 def small_fs(where: Path, kind: str, size: str) -> Iterator[Path]:
     """A small file system of ``kind`` (tmpfs, or ext4 in an image file) mounted at

@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -18,19 +19,22 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.btrfs import need_root_btrfs
 from support.loopfs import btrfs_loop
 from support.net import CMD, free_port, key_file, wait_listening
+from support.storing import sending, serving
 from support.streams import FIXTURES
 from support.trees import differences
 
 from sendstream import Command, encode_command, encode_stream_header
 from sendstream.net.journal import PART_SUFFIX, load_state
 from sendstream.net.tls import connect_channel, load_key
-from sendstream.ops.identity import stream_identity
+from sendstream.ops.identity import first_command, stream_identity
 from sendstream.ops.stored import stream_name
+from sendstream.service import server
 from sendstream.service.server import EventLog
 
 FULL = FIXTURES / "rich-full-v2.stream"
@@ -171,6 +175,83 @@ def test_a_bad_stream_leaves_nothing_in_the_place(tmp_path: Path) -> None:
     assert sorted(stored(tmp_path, "alpha")) == [name_of(FULL), name_of(FULL) + ".json"]  # no hidden file left
     failed = [e for e in events(proc) if e["event"] == "failed"]
     assert len(failed) == 1 and failed[0]["client"] == "alpha" and "crc32c mismatch" in str(failed[0]["reason"])
+
+
+def _named_as(stream: Path, tmp_path: Path) -> Path:
+    """Another valid stream with the name of ``stream``: its first command, and END."""
+    other = tmp_path / "other.stream"
+    first = first_command(stream.read_bytes())[1]
+    assert first is not None
+    other.write_bytes(_crafted(first))
+    return other
+
+
+def test_the_same_stream_again_is_already_stored_and_another_of_its_name_is_refused(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    other = _named_as(FULL, tmp_path)
+    with service(config, port) as proc:
+        first = send(port, tmp_path, "alpha", FULL)
+        note = stored(tmp_path, "alpha")[name_of(FULL) + ".json"]
+        again = send(port, tmp_path, "alpha", FULL, "--resumable")  # a session this time, through its journal
+        refused = send(port, tmp_path, "alpha", other)
+        resent = send(port, tmp_path, "alpha", other, "--resumable")
+        held = stored(tmp_path, "alpha")
+        (tmp_path / "places" / "alpha" / (name_of(FULL) + ".json")).unlink()  # as if cut between the renames
+        healed = send(port, tmp_path, "alpha", FULL)
+    assert first.returncode == 0 and b"receiver says" not in first.stderr, first.stderr
+    assert again.returncode == 0, again.stderr
+    assert f"the receiver says: already stored: {name_of(FULL)} holds these same bytes".encode() in again.stderr
+    for result in (refused, resent):
+        assert result.returncode == 2, result.stderr
+        assert f"{name_of(FULL)}: a stream of this name is stored already, with other bytes".encode() in result.stderr
+    assert sorted(held) == [name_of(FULL), name_of(FULL) + ".json"]  # no journal, no hidden file left
+    assert held[name_of(FULL)] == FULL.read_bytes() and held[name_of(FULL) + ".json"] == note
+    assert healed.returncode == 0, healed.stderr
+    assert json.loads(stored(tmp_path, "alpha")[name_of(FULL) + ".json"])["sha256"] == json.loads(note)["sha256"]
+    log = events(proc)
+    assert [e.get("already") for e in log if e["event"] == "stored"] == [None, True, True]
+    assert [e["code"] for e in log if e["event"] == "failed"] == [2, 2]
+
+
+def test_two_transfers_of_one_name_at_once_store_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both have received their whole stream (a barrier holds each before it names its own); one is stored,
+    the other, with other bytes, refused."""
+    barrier, naming = threading.Barrier(2, timeout=60), server._named
+
+    def together(*args: Any) -> Any:
+        barrier.wait()
+        return naming(*args)
+
+    monkeypatch.setattr(server, "_named", together)
+    other = _named_as(FULL, tmp_path)
+    with serving(tmp_path) as (port, log):
+        senders = [subprocess.Popen(sending(port, tmp_path, s), stderr=subprocess.PIPE) for s in (FULL, other)]
+        said = [p.communicate(timeout=120)[1] for p in senders]
+    codes = [p.returncode for p in senders]
+    assert sorted(codes) == [0, 2], said
+    won = (FULL, other)[codes.index(0)]
+    held = {p.name: p.read_bytes() for p in (tmp_path / "places" / "alpha").iterdir()}
+    assert sorted(held) == [name_of(FULL), name_of(FULL) + ".json"] and held[name_of(FULL)] == won.read_bytes()
+    assert json.loads(held[name_of(FULL) + ".json"])["size"] == won.stat().st_size
+    assert b"a stream of this name is stored already, with other bytes" in said[codes.index(2)]
+    assert sorted(str(e["event"]) for e in log.events() if e["event"] in ("stored", "failed")) == ["failed", "stored"]
+
+
+def test_stored_streams_are_private_whatever_the_umask(tmp_path: Path) -> None:
+    """Plain and resumable (journaled) sends, under umask 022: every file of the place is 0600."""
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    umask = os.umask(0o022)
+    try:
+        with service(config, port):
+            results = [send(port, tmp_path, "alpha", FULL, "--resumable"), send(port, tmp_path, "alpha", INCR)]
+    finally:
+        os.umask(umask)
+    assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in (tmp_path / "places" / "alpha").iterdir()}
+    names = [name for stream in (FULL, INCR) for name in (name_of(stream), name_of(stream) + ".json")]
+    assert modes == dict.fromkeys(names, "0o600")
 
 
 def raw_tls_send(port: int, key: Path, identity: str, data: bytes) -> bytes:
@@ -608,8 +689,8 @@ def test_metrics_are_scraped_over_http(tmp_path: Path) -> None:
     pytest.importorskip("prometheus_client", reason="serve --metrics needs prometheus_client (the test extra has it)")
     port, scrape = free_port(), free_port()
     config = write_config(tmp_path, port, "max_per_client = 1", clients=("alpha",))
-    big = tmp_path / "big.stream"
-    big.write_bytes(FULL.read_bytes() * 8)
+    big = tmp_path / "big.stream"  # not FULL's name again: another stream of a stored name is refused
+    big.write_bytes((FIXTURES / "compressed-v2.stream").read_bytes() * 20)
     with service(config, port, "--metrics", f"127.0.0.1:{scrape}") as proc:
         wait_listening(scrape)
         assert send(port, tmp_path, "alpha", FULL).returncode == 0
@@ -637,7 +718,7 @@ def test_metrics_are_scraped_over_http(tmp_path: Path) -> None:
     last = {k: v for k, v in samples.items() if "last_success" in k}
     assert sorted(last) == [
         f'sendstream_last_success_timestamp_seconds{{client="alpha",subvolume="{name}"}}'
-        for name in ("rich_base", "rich_incr")
+        for name in ("comp_snap", "rich_base", "rich_incr")
     ]
     assert all(abs(v - time.time()) < 120 for v in last.values()), last
     assert proc.returncode == 0

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import shlex
+import stat
 import sys
 from pathlib import Path
 
 import pytest
+from support.streams import FIXTURES
 
 from sendstream.errors import ChildFailed
+from sendstream.net import journal as journals
+from sendstream.net.journal import Journal, load_state
 from sendstream.net.sinks import ChildSink, FileSink, JournalSink
-from sendstream.ops.ledger import Checkpoint
+from sendstream.ops.identity import stream_identity
+from sendstream.ops.ledger import Checkpoint, Ledger
 from sendstream.ops.tokens import make_token
 
 KEY = b"k" * 32
@@ -74,3 +80,29 @@ def test_a_stopped_journal_keeps_its_part_and_says_how_to_go_on(tmp_path: Path) 
     assert part.read_bytes() == b"abcdgh" and not out.exists()
     assert len(said) == 1 and f"send --resume {make_token(checkpoint, KEY)}" in said[0]
     assert f"receive --resume -o {out}" in said[0]
+
+
+def test_a_journal_is_private_whatever_the_umask(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service's journal: its part and state 0600 under umask 022, a part kept from before made 0600;
+    ``receive -o FILE`` journals FILE as any other output (0666 less the umask)."""
+    monkeypatch.setattr(journals, "CHECKPOINT_SECONDS", 0.0)  # a checkpoint at the first commit
+    path, umask = tmp_path / "s", os.umask(0o022)
+    part, state = Path(str(path) + ".part"), Path(str(path) + ".part.resume")
+    try:
+        journal = Journal(str(path), KEY)
+        journal.write(b"abc")
+        journal.commit(3, stream_identity((FIXTURES / "rich-full-v2.stream").read_bytes()), Ledger())
+        journal.close()
+        assert (mode(part), mode(state)) == (0o600, 0o600)
+        part.chmod(0o644)  # as an earlier release made it
+        Journal(str(path), KEY, load_state(str(path), KEY)).close()
+        assert mode(part) == 0o600
+        with JournalSink(str(tmp_path / "out"), KEY, None, print) as sink:
+            sink.write(b"abc")
+        assert mode(tmp_path / "out") == 0o644
+    finally:
+        os.umask(umask)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)

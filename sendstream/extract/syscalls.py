@@ -73,8 +73,11 @@ def free_space(fd: int) -> int:
 
 
 def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    """Write all of ``data`` at ``offset``: a short write goes on with the rest; one that takes nothing fails."""
     while data:
         n = os.pwrite(fd, data, offset)
+        if not n:
+            raise OSError(errno.EIO, f"the file took none of {len(data)} bytes at offset {offset}")
         data = data[n:]
         offset += n
 
@@ -145,21 +148,21 @@ def _punch(fd: int, offset: int, length: int, size: int) -> None:
 
 
 def _copy(src: int, src_offset: int, dst: int, dst_offset: int, length: int) -> None:
+    """Copy ``length`` bytes, all of them: a source that ends before them (it shrank) fails."""
     while length > 0:
         try:
             n = os.copy_file_range(src, dst, length, src_offset, dst_offset)
         except OSError as exc:
             if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
                 raise
-            n = -1
-        if n < 0:
+            n = 0
+        if n == 0:  # not here, or (some file systems) not for this file: read and write
             chunk = os.pread(src, min(length, 1 << 20), src_offset)
             if not chunk:
-                break
+                shrank = f"the source ended at offset {src_offset}, {length} bytes early (it shrank while copied)"
+                raise OSError(errno.EIO, shrank)
             pwrite_all(dst, memoryview(chunk), dst_offset)
             n = len(chunk)
-        elif n == 0:
-            break
         src_offset += n
         dst_offset += n
         length -= n

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import io
 import os
 import stat
@@ -137,22 +138,40 @@ class OutputDirectory:
     def sync(self) -> None:
         os.fsync(self.fd)
 
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the directory's lock (``flock``) inside: what others holding it check and rename in the
+        directory does not interleave with what we do (two transfers naming one stream)."""
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
 
 class OutputFile(io.FileIO):
-    """A file written for ``path``: its errors (ENOSPC, EIO) name ``path``; a reader that
-    went away (``| head``) stays a BrokenPipeError."""
+    """A file written for ``path``: each write writes all it is given or fails; its errors
+    (ENOSPC, EIO) name ``path``; a reader that went away (``| head``) stays a BrokenPipeError."""
 
     def __init__(self, fd: int, path: str, *, closefd: bool = True) -> None:
         super().__init__(fd, "wb", closefd=closefd)
         self.path = path
 
     def write(self, data: Any) -> int:
+        """Write all of ``data``: a short write (a file-size limit, a disk that filled and was freed)
+        goes on with the rest, never drops it."""
+        view, done = memoryview(data).cast("B"), 0
         try:
-            return super().write(data)
+            while done < len(view):
+                n = super().write(view[done:] if done else view)
+                if not n:  # None: a non-blocking descriptor that is full
+                    raise e.OutputError(self.path, f"the system took none of the {len(view) - done} bytes left")
+                done += n
         except BrokenPipeError:
             raise
         except OSError as exc:
             raise e.OutputError(self.path, exc.strerror or str(exc)) from None
+        return done
 
     def fsync(self) -> None:
         try:

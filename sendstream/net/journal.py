@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -99,11 +100,17 @@ class Journal:
     the checkpoint's offset: what came after it was never made durable. Every
     file is made or opened relative to the directory, opened once, without
     following symlinks (:class:`~sendstream.files.OutputDirectory`); an
-    existing part that is not a regular file of ours is refused.
+    existing part that is not a regular file of ours is refused. The part is
+    made with ``mode`` (less the umask), a kept one is narrowed to it; the
+    state is 0600. Write errors name ``shown`` (the file the user knows:
+    ``path`` unless given).
     """
 
-    def __init__(self, path: str, key: bytes, checkpoint: Checkpoint | None = None) -> None:
+    def __init__(
+        self, path: str, key: bytes, checkpoint: Checkpoint | None = None, *, mode: int = 0o600, shown: str = ""
+    ) -> None:
         self.path = path
+        self.shown = shown or path
         self.part = path + PART_SUFFIX
         self.state = state_path(path)
         self._dir = OutputDirectory(path)
@@ -112,19 +119,21 @@ class Journal:
         self._key = key
         self.checkpoint = checkpoint
         self.token = make_token(checkpoint, key) if checkpoint else None
-        self._durable = self._pending = checkpoint.offset if checkpoint else 0
+        self._durable = self._pending = self._end = checkpoint.offset if checkpoint else 0
         self._pending_at = time.monotonic()
         self._syncer: threading.Thread | None = None
         self._failure: BaseException | None = None
         try:
             if checkpoint is None:
                 self._dir.remove_stale(self._part_name)
-                self._raw = OutputFile(self._dir.create(self._part_name), self.part)
+                self._raw = OutputFile(self._dir.create(self._part_name, mode), self.shown)
             else:
                 if self._dir.lstat(self._part_name) is None:
                     raise ResumeError(f"nothing to resume: {self.part} is gone")
-                self._raw = OutputFile(self._dir.open_ours(self._part_name, os.O_RDWR), self.part)
-                size = os.fstat(self._raw.fileno()).st_size
+                self._raw = OutputFile(self._dir.open_ours(self._part_name, os.O_RDWR), self.shown)
+                st = os.fstat(self._raw.fileno())
+                os.fchmod(self._raw.fileno(), stat.S_IMODE(st.st_mode) & mode)  # made before it was 0600
+                size = st.st_size
                 if size < checkpoint.offset:
                     self._raw.close()
                     raise ResumeError(
@@ -149,6 +158,7 @@ class Journal:
 
     def write(self, data: Any) -> None:
         self.file.write(data)
+        self._end += len(data)
 
     def commit(self, offset: int, stream: dict[str, Any] | None, ledger: Ledger) -> int:
         """Flush; every ``CHECKPOINT_BYTES`` or seconds start making ``offset`` durable.
@@ -173,7 +183,7 @@ class Journal:
             self._raw.fsync()  # everything before the checkpoint was flushed to the file
             token = make_token(checkpoint, self._key)
             tmp, fd = self._dir.create_temporary(0o600)
-            with OutputFile(fd, self.state) as f:
+            with OutputFile(fd, self.shown) as f:
                 f.write((token + "\n").encode("ascii"))
                 f.fsync()
             self._dir.replace(tmp, self._state_name)
@@ -192,6 +202,9 @@ class Journal:
         self._settle()
         self.file.flush()
         self._raw.fsync()
+        size = os.fstat(self._raw.fileno()).st_size
+        if size != self._end:
+            raise e.OutputError(self.shown, f"it holds {size} bytes of the {self._end} written to it: a write was lost")
         self._dir.replace(self._part_name, self._dir.name, self._raw.fileno())
         self.file.close()
         self._dir.unlink(self._state_name)

@@ -94,7 +94,8 @@ class JournalSink(Sink):
 
     From ``checkpoint`` on, when a stopped transfer is resumed. On an error
     the part and the token stay, and ``notify`` is told how to continue
-    (both commands, the token).
+    (both commands, the token). A new ``path`` gets 0666 less the umask, as
+    any other output (:func:`~sendstream.io.outputs.atomic_output`).
     """
 
     def __init__(self, path: str, key: bytes, checkpoint: Checkpoint | None, notify: Callable[[str], object]) -> None:
@@ -104,7 +105,7 @@ class JournalSink(Sink):
         self._notify = notify
 
     def __enter__(self) -> Self:
-        self.journal = Journal(self.path, self._key, self._checkpoint)
+        self.journal = Journal(self.path, self._key, self._checkpoint, mode=0o666)
         return self
 
     def write(self, data: Data) -> None:

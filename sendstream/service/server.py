@@ -46,7 +46,7 @@ from ..net.tls import Channel, PlainChannel, accept_channel
 from ..net.tls.keys import fingerprint
 from ..ops.identity import snapshot_name, stream_identity
 from ..ops.ledger import Checkpoint, Ledger
-from ..ops.stored import manifest, stream_name
+from ..ops.stored import Unnamed, manifest, stream_name
 from .config import Client, Config
 from .confine import UuidGuard, leftover
 from .held import held
@@ -196,6 +196,7 @@ class Service:
         result, size = "failed", 0
         names: tuple[str, ...] = ()
         claims: list[str] = []
+        already = False  # a stored stream sent again
         try:
             checkpoint = None
             if opening.identity is not None and not client.archive:  # (a bucket keeps no journal)
@@ -221,14 +222,15 @@ class Service:
                     session, client, lambda *what: self._claim(client, claims, *what), checkpoint, **child
                 )
             else:
-                name, size, names = store(session, client, opening.peer, checkpoint)
-            session.answer(0, "ok")
+                name, size, names, already = store(session, client, opening.peer, checkpoint)
+            session.answer(0, f"already stored: {name} holds these same bytes" if already else "ok")
             result = "ok"
             done = {"subvolumes": name} if client.receive else {"stream": name}
             self.log(
                 "received" if client.receive else "stored",
                 **fields,
                 **done,
+                **({"already": True} if already else {}),
                 bytes=size,
                 seconds=round(time.monotonic() - began, 3),
             )
@@ -349,85 +351,152 @@ def kept(journal: str, key: bytes, identity: dict[str, Any]) -> Checkpoint | Non
 
 def store(
     session: SessionReceiver, client: Client, peer: str, checkpoint: Checkpoint | None = None
-) -> tuple[str, int, tuple[str, ...]]:
+) -> tuple[str, int, tuple[str, ...], bool]:
     """Check and write the stream of ``session`` into ``client``'s place; once stored, its file name, its
-    size and the name of its snapshot.
+    size, the name of its snapshot, and whether these same bytes were stored under that name already.
 
     A session's stream is journaled (:class:`~sendstream.net.journal.Journal`: durable checkpoints, a
     resume state signed with the client's key), so that the same stream sent again continues from
-    ``checkpoint``, the last one of an earlier run; a raw stream goes to a hidden temporary file.
+    ``checkpoint``, the last one of an earlier run; a raw stream goes to a hidden temporary file. Write
+    errors name the stream (a raw one: its place, until its first command names it); on any failure
+    nothing is left under the stream's name (:func:`_named`).
     """
     progress = Progress("received", mode=NONE)
     ledger = Ledger(checkpoint)
-    digest = hashlib.sha256()  # of the whole stream, as it is written (a resumed one: its kept part first)
-
-    def hashed(write: Callable[[Any], object]) -> Callable[[Any], None]:
-        def written(data: Any) -> None:
-            write(data)
-            digest.update(data)
-
-        return written
+    taken = _Taken(client.place)  # the whole stream, as it is written (a resumed one: its kept part first)
 
     with OutputDirectory(os.path.join(client.place, "incoming.stream")) as place:
         if session.raw:
             hidden, fd = place.create_temporary(0o600)
             try:
-                with OutputFile(fd, os.path.join(client.place, hidden)) as out:
-                    receive_resumable(session, hashed(out.write), progress, ledger=ledger)
+                with OutputFile(fd, taken.shown) as out:
+                    receive_resumable(session, taken.through(_naming(out)), progress, ledger=ledger)
                     out.fsync()
+                    taken.shown = out.path
             except BaseException:
                 place.unlink(hidden)
                 raise
         else:
             assert session.identity is not None
             hidden = incoming_name(session.identity)
-            journal = Journal(os.path.join(client.place, hidden), client.key, checkpoint)
+            taken.shown = os.path.join(client.place, stream_name(session.identity))
+            journal = Journal(os.path.join(client.place, hidden), client.key, checkpoint, shown=taken.shown)
             try:
                 if checkpoint is not None:
                     kept_part, buf = journal.prefix(), bytearray(1 << 20)
                     while n := kept_part.readinto(buf):
-                        digest.update(memoryview(buf)[:n])
-                receive_resumable(session, hashed(journal.write), progress, journal, ledger)
+                        taken.add(memoryview(buf)[:n])
+                receive_resumable(session, taken.through(journal.write), progress, journal, ledger)
                 journal.finish()
             except BaseException:
                 journal.stop(session.written, session.identity, ledger)  # it stays, for the next run
                 raise
         try:
-            return _named(place, hidden, client, peer, ledger, digest.hexdigest())
-        except BaseException:
-            place.unlink(hidden)
-            raise
+            return _named(place, hidden, client, peer, ledger, taken)
+        finally:
+            place.unlink(hidden)  # named by now, or not to be
+
+
+class _Taken:
+    """The bytes of a stream :func:`store` wrote: counted and hashed as they are written; ``shown`` is
+    the stream's path as errors name it (its place, until its name is known)."""
+
+    def __init__(self, shown: str) -> None:
+        self.digest = hashlib.sha256()
+        self.size = 0
+        self.shown = shown
+
+    def add(self, data: Any) -> None:
+        self.digest.update(data)
+        self.size += len(data)
+
+    def through(self, write: Callable[[Any], object]) -> Callable[[Any], None]:
+        """``write``, then :meth:`add` what it wrote."""
+
+        def written(data: Any) -> None:
+            write(data)
+            self.add(data)
+
+        return written
+
+
+def _naming(out: OutputFile) -> Callable[[Any], None]:
+    """``out.write`` for a raw stream; ``out.path`` (a directory) becomes the stream's name in it as soon
+    as the stream's first command, which says it, is in."""
+    place, head = out.path, bytearray()
+
+    def write(data: Any) -> None:
+        if out.path == place and len(head) < PREFIX_SIZE:
+            head.extend(memoryview(data)[: PREFIX_SIZE - len(head)])
+            with contextlib.suppress(Unnamed):
+                out.path = os.path.join(place, stream_name(stream_identity(bytes(head))))
+        out.write(data)
+
+    return write
 
 
 def _named(
-    place: OutputDirectory, hidden: str, client: Client, peer: str, ledger: Ledger, sha256: str
-) -> tuple[str, int, tuple[str, ...]]:
-    """Give the whole stream in ``hidden`` (``sha256`` its digest) its name, with its manifest beside it
-    (durable before the sender hears success); its name, size and snapshot."""
+    place: OutputDirectory, hidden: str, client: Client, peer: str, ledger: Ledger, taken: _Taken
+) -> tuple[str, int, tuple[str, ...], bool]:
+    """Give the whole stream in ``hidden`` (``taken`` as it was written) its name, with its manifest beside
+    it (durable before the sender hears success); its name, size, snapshot, and whether these same bytes
+    were stored under that name already. A file that is not all the bytes taken is never named, and
+    neither is a stream whose name holds other bytes: it is refused, as ``send --to s3://`` refuses."""
     fd = place.open_ours(hidden, os.O_RDONLY)
     try:
-        size, prefix = os.fstat(fd).st_size, os.pread(fd, PREFIX_SIZE, 0)  # the prefix says what it is
+        size = os.fstat(fd).st_size
+        if size != taken.size:
+            raise e.OutputError(taken.shown, f"it holds {size} bytes of the {taken.size} received: not stored")
+        prefix = os.pread(fd, PREFIX_SIZE, 0)  # the prefix says what it is
         identity = stream_identity(prefix)
         name = stream_name(identity)
+        shown = os.path.join(client.place, name)
+        sha256 = taken.digest.hexdigest()
         record = manifest(
             identity, size=size, sha256=sha256, commands=ledger.commands, ledger=ledger.digest(),
             client=client.identity, peer=peer,
         )  # fmt: skip
-        place.replace(hidden, name, fd)
+        with place.locked():  # another transfer of this name waits until ours is named (or refused)
+            already = place.lstat(name) is not None
+            if already:
+                _refuse_other(place, name, size, sha256, shown)
+            if not already or place.lstat(name + ".json") is None:  # (none: cut between the two renames)
+                note = _note(place, record, shown + ".json")
+                try:
+                    if not already:
+                        place.replace(hidden, name, fd)
+                    place.replace(note, name + ".json")
+                except BaseException:
+                    place.unlink(note)
+                    if not already:
+                        place.unlink(name)
+                    raise
+                place.sync()
     finally:
         os.close(fd)
-    note, note_fd = place.create_temporary(0o600)
+    snapshot = snapshot_name(prefix)
+    return name, size, (snapshot,) if snapshot else (), already
+
+
+def _refuse_other(place: OutputDirectory, name: str, size: int, sha256: str, shown: str) -> None:
+    """Refuse unless the stream stored as ``name`` is ``size`` bytes with the digest ``sha256``."""
+    with os.fdopen(place.open_ours(name, os.O_RDONLY), "rb") as f:
+        same = os.fstat(f.fileno()).st_size == size and hashlib.file_digest(f, "sha256").hexdigest() == sha256
+    if not same:
+        raise e.UsageError(f"{shown}: a stream of this name is stored already, with other bytes: not replaced")
+
+
+def _note(place: OutputDirectory, record: bytes, shown: str) -> str:
+    """A new hidden file in ``place`` that holds ``record``, durable (its errors name ``shown``): its name."""
+    note, fd = place.create_temporary(0o600)
     try:
-        with OutputFile(note_fd, os.path.join(client.place, note)) as f:
+        with OutputFile(fd, shown) as f:
             f.write(record)
             f.fsync()
-        place.replace(note, name + ".json")
     except BaseException:
         place.unlink(note)
         raise
-    place.sync()
-    snapshot = snapshot_name(prefix)
-    return name, size, (snapshot,) if snapshot else ()
+    return note
 
 
 def receive_into(
