@@ -214,17 +214,56 @@ def test_a_client_over_its_limit_is_told_busy(tmp_path: Path) -> None:
         ('[clients.alpha]\nkey = "k"\n', ":1", "clients.alpha: expected one of store (stream files) or receive"),
         ('[clients.alpha]\nkey = "k"\nstore = "p"\nreceive = "p"\n', ":1", "not both nor neither"),
         ('[clients.alpha]\nkey = "k"\nreceive = "p"\n', ":3", "not on btrfs"),
-        ('[clients.alpha]\nkey = "k"\nstore = "p"\n[clients.beta]\nkey = "k"\nstore = "p/in"\n', ":6", "is inside"),
+        ('[clients.alpha]\nkey = "k"\nstore = "p"\n[clients.beta]\nkey = "k2"\nstore = "p/in"\n', ":6", "is inside"),
         ('[clients.alpha]\nkey = "k"\nstore = "p"\nwho = 1\n', ":4", "unknown setting 'who'"),
         ('[clients.alpha]\nkey = "k"\nstore = "p"\ntrusted = ["lan"]\n', ":4", "'lan' is not an address or a network"),
         ('[clients.alpha]\nkey = "k"\nstore = "p"\ntrusted = "10.0.0.1"\n', ":4", "expected a list of addresses"),
         (
             '[clients.alpha]\nkey = "k"\nstore = "p"\ntrusted = ["10.1.0.0/16"]\n'
-            '[clients.beta]\nkey = "k"\nstore = "q"\ntrusted = ["10.1.2.3"]\n',
+            '[clients.beta]\nkey = "k2"\nstore = "q"\ntrusted = ["10.1.2.3"]\n',
+            ":8",
+            "clients.beta.trusted '10.1.2.3/32' overlaps clients.alpha.trusted '10.1.0.0/16'",
+        ),
+        (
+            '[clients.alpha]\nkey = "k"\nstore = "p"\ntrusted = ["::ffff:10.1.0.0/112"]\n'
+            '[clients.beta]\nkey = "k2"\nstore = "q"\ntrusted = ["10.1.2.3"]\n',
             ":8",
             "clients.beta.trusted '10.1.2.3/32' overlaps clients.alpha.trusted '10.1.0.0/16'",
         ),
         ("", "", "no clients"),
+        ("x = " + "[" * 100_000 + "]" * 100_000 + "\n", "", "not TOML: arrays or tables nested too deeply"),
+        ("max_transfers = " + "9" * 5000 + "\n", ":1", "not TOML: an integer of more than 4300 digits"),
+        ("max_transfers = 0x" + "f" * 5000 + "\n", ":1", "from 1 to 4096, got an integer of 20000 bits"),
+        (
+            '[clients.alpha]\nkey = "k\\u0000x"\nstore = "p"\n',
+            ":2",
+            "clients.alpha.key: expected a non-empty string without NUL",
+        ),
+        (
+            '[clients.alpha]\nkey = "k"\nstore = "p\\u0000x"\n',
+            ":3",
+            "clients.alpha.store: expected a non-empty string without NUL",
+        ),
+        (
+            '[clients.alpha]\nkey = "k"\nreceive = "p\\u0000"\n',
+            ":3",
+            "clients.alpha.receive: expected a non-empty string without NUL",
+        ),
+        (
+            '[clients.alpha]\nkey = "k"\nstore = "p"\n[clients.beta]\nkey = "./k"\nstore = "q"\n',
+            ":5",
+            "/k' is also clients.alpha's key file: each client needs a key of its own",
+        ),
+        (
+            '[clients.alpha]\nkey = "k"\nstore = "p"\n[clients.beta]\nkey = "k-copy"\nstore = "q"\n',
+            ":5",
+            "k-copy' holds the same key as clients.alpha's",
+        ),
+        (
+            'listen = "[::1:7000"\n[clients.alpha]\nkey = "k"\nstore = "p"\n',
+            ":1",
+            "listen: expected HOST:PORT or [IPv6]:PORT, got '[::1:7000'",
+        ),
     ],
     ids=[
         "unknown-setting",
@@ -245,18 +284,32 @@ def test_a_client_over_its_limit_is_told_busy(tmp_path: Path) -> None:
         "trusted-not-an-address",
         "trusted-not-a-list",
         "trusted-overlap",
+        "trusted-mapped-overlap",
         "no-clients",
+        "deep-nesting",
+        "5000-digits",
+        "20000-bits",
+        "nul-in-key",
+        "nul-in-store",
+        "nul-in-receive",
+        "one-key-file-two-clients",
+        "one-key-two-files",
+        "listen-unclosed-bracket",
     ],
 )
 def test_check_config_names_the_line_and_what_is_wrong(tmp_path: Path, body: str, where: str, message: str) -> None:
     key_file(tmp_path / "k")
+    key_file(tmp_path / "k2")
+    (tmp_path / "k-copy").write_bytes((tmp_path / "k").read_bytes())
+    (tmp_path / "k-copy").chmod(0o600)
     (tmp_path / "open.key").write_bytes(os.urandom(32))
     (tmp_path / "open.key").chmod(0o644)
     (tmp_path / "p" / "in").mkdir(parents=True)
     (tmp_path / "q").mkdir()
     config = tmp_path / "serve.toml"
-    config.write_text('listen = "127.0.0.1:7000"\n' + body if "listen" not in body and "lisen" not in body else body)
-    offset = 0 if "lisen" in body else 1  # the listen line comes first
+    own = "listen" in body or "lisen" in body
+    config.write_text(body if own else 'listen = "127.0.0.1:7000"\n' + body)
+    offset = 0 if own else 1  # the listen line comes first
     result = subprocess.run([*CMD, "serve", "--config", str(config), "--check-config"], capture_output=True)
     text = result.stderr.decode()
     assert result.returncode == 2 and "Traceback" not in text, text
@@ -300,6 +353,22 @@ def test_a_trusted_client_sends_unencrypted_from_its_addresses_only(tmp_path: Pa
     )
     assert fine.returncode == 0 and stored(tmp_path, "beta")[name_of(FULL)] == FULL.read_bytes()
     assert any(e["event"] == "refused" and "unencrypted from 127.0.0.1" in str(e["reason"]) for e in events(proc))
+
+
+def test_a_trusted_ipv4_mapped_network_is_its_ipv4_network(tmp_path: Path) -> None:
+    """`::ffff:127.0.0.0/104` is taken as 127.0.0.0/8: on a dual-stack socket (`*`) a plain sender from
+    127.0.0.1 (seen as ::ffff:127.0.0.1) gets in, where the mapped network could never match before."""
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    text = config.read_text().replace(f"127.0.0.1:{port}", f"*:{port}")
+    config.write_text(
+        text.replace('store = "places/alpha"\n', 'store = "places/alpha"\ntrusted = ["::ffff:127.0.0.0/104"]\n')
+    )
+    with service(config, port) as proc:
+        plain = send(port, tmp_path, "alpha", FULL, "--tls", "none")
+    assert plain.returncode == 0, plain.stderr
+    assert stored(tmp_path, "alpha")[name_of(FULL)] == FULL.read_bytes()
+    assert any(e["event"] == "client" and e.get("trusted") == "127.0.0.0/8" for e in events(proc))
 
 
 # into btrfs receive: real btrfs on a loop device

@@ -24,6 +24,9 @@ came from), never from anything the client sends. Names are checked
 (letters, digits, ``.``, ``_``, ``-``; no leading dot), and no client's
 place may hold another's. :func:`load` raises :class:`ConfigError` naming
 the file, the line and what was expected.
+
+A trusted IPv4-mapped network (``::ffff:10.0.0.0/104``) is taken as the IPv4
+network it maps (``10.0.0.0/8``): a peer's mapped address is taken as IPv4.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ _TOP = {"listen", "tls", "clients", *_INTEGERS, *_SECONDS}
 _CLIENT = {"key", "store", "receive", "trusted"}
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _BTRFS = "btrfs"
+_MAX_SIZE = 1 << 20  # of the file
+_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
 
 
 class ConfigError(UsageError):
@@ -139,9 +144,11 @@ def load(path: str, warn: Callable[[str], object] | None = None) -> Config:
     """Read and check the configuration at ``path``: every key file is read, every place must exist."""
     try:
         with open(path, "rb") as f:
-            raw = f.read(1 << 20)
+            raw = f.read(_MAX_SIZE + 1)
     except OSError as exc:
         raise ConfigError(path, f"cannot read the configuration: {exc.strerror}") from exc
+    if len(raw) > _MAX_SIZE:
+        raise ConfigError(path, f"larger than {_MAX_SIZE} bytes: not a configuration")
     try:
         text = raw.decode("utf-8")
         data = tomllib.loads(text)
@@ -150,6 +157,12 @@ def load(path: str, warn: Callable[[str], object] | None = None) -> Config:
     except tomllib.TOMLDecodeError as exc:
         line = re.search(r"line (\d+)", str(exc))
         raise ConfigError(f"{path}:{line.group(1)}" if line else path, f"not TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(path, "not TOML: arrays or tables nested too deeply to read") from None
+    except ValueError:  # the only one tomllib lets through: int() of a decimal past Python's 4300 digits
+        digits = re.search(r"\d[\d_]{4300,}", text)
+        where = f"{path}:{text.count(chr(10), 0, digits.start()) + 1}" if digits else path
+        raise ConfigError(where, "not TOML: an integer of more than 4300 digits") from None
     lines = _Lines(path, text)
     base = os.path.dirname(os.path.abspath(path))
     for key in data:
@@ -175,7 +188,7 @@ def load(path: str, warn: Callable[[str], object] | None = None) -> Config:
         kinds = int if integer else (int, float)
         if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
             kind = "a whole number" if integer else "seconds"
-            raise ConfigError(lines.at(None, key), f"{key}: expected {kind} from {low} to {high}, got {value!r}")
+            raise ConfigError(lines.at(None, key), f"{key}: expected {kind} from {low} to {high}, got {_shown(value)}")
         numbers[key] = value
     clients = _clients(data.get("clients"), lines, base, warn)
     return Config(
@@ -190,12 +203,20 @@ def load(path: str, warn: Callable[[str], object] | None = None) -> Config:
     )
 
 
+def _shown(value: Any) -> str:
+    """``value`` for a message: its repr, cut short (an integer too long for one, by its size)."""
+    if isinstance(value, int) and value.bit_length() > 200:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _text(table: dict[str, Any], key: str, lines: _Lines, name: str | None) -> str:
     value = table.get(key)
-    if not isinstance(value, str) or not value:
+    if not isinstance(value, str) or not value or "\0" in value:
         what = f"clients.{name}.{key}" if name else key
         where = lines.at(("clients", name) if name else None, key if key in table else None)
-        raise ConfigError(where, f"{what}: expected a non-empty string, got {value!r}")
+        raise ConfigError(where, f"{what}: expected a non-empty string without NUL, got {_shown(value)}")
     return value
 
 
@@ -203,6 +224,7 @@ def _clients(table: Any, lines: _Lines, base: str, warn: Callable[[str], object]
     if not isinstance(table, dict) or not table:
         raise ConfigError(lines.path, "no clients: add a [clients.NAME] table for each (NAME is its PSK identity)")
     clients: dict[str, Client] = {}
+    keys: dict[bytes, tuple[str, str]] = {}  # each key, and the client and file it came from
     for name, settings in table.items():
         where = lines.at(("clients", name))
         if not IDENTITY.fullmatch(name):
@@ -224,6 +246,19 @@ def _clients(table: Any, lines: _Lines, base: str, warn: Callable[[str], object]
             key = load_key(key_path, warn)
         except KeyFileError as exc:
             raise ConfigError(lines.at(("clients", name), "key"), f"clients.{name}.key: {exc}") from None
+        if key in keys:
+            other, other_path = keys[key]
+            same = (
+                f"is also clients.{other}'s key file"
+                if os.path.realpath(other_path) == os.path.realpath(key_path)
+                else f"holds the same key as clients.{other}'s {other_path!r}"
+            )
+            raise ConfigError(
+                lines.at(("clients", name), "key"),
+                f"clients.{name}.key: {key_path!r} {same}: each client needs a key of its own "
+                "(who holds it could send as either, into either's place)",
+            )
+        keys[key] = name, key_path
         if ("store" in settings) == ("receive" in settings):
             raise ConfigError(
                 lines.at(("clients", name)),
@@ -258,14 +293,18 @@ def _networks(value: Any, lines: _Lines, name: str) -> tuple[Network, ...]:
     where = lines.at(("clients", name), "trusted")
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(where, f"clients.{name}.trusted: expected a list of addresses or networks, got {value!r}")
-    networks = []
+    networks: list[Network] = []
     for text in value:
         try:
-            networks.append(ipaddress.ip_network(text, strict=False))
+            network = ipaddress.ip_network(text, strict=False)
         except ValueError:
             raise ConfigError(
                 where, f"clients.{name}.trusted: {text!r} is not an address or a network (10.1.2.3, 10.1.0.0/16)"
             ) from None
+        if isinstance(network, ipaddress.IPv6Network) and network.subnet_of(_MAPPED):
+            mapped = network.network_address.ipv4_mapped
+            network = ipaddress.IPv4Network((mapped, network.prefixlen - 96))  # a peer's address is taken so too
+        networks.append(network)
     return tuple(networks)
 
 
