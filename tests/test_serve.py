@@ -7,6 +7,8 @@ import hashlib
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -315,6 +317,28 @@ def test_check_config_names_the_line_and_what_is_wrong(tmp_path: Path, body: str
     assert result.returncode == 2 and "Traceback" not in text, text
     line = f":{int(where[1:]) + offset}" if where else ""
     assert f"{config}{line}: " in text and message in text, text
+
+
+def test_check_config_names_ext4_among_ext2_3_4(tmp_path: Path) -> None:
+    """statfs gives ext2, ext3 and ext4 one magic number, which `stat -f` calls ext2/ext3: a receive place on
+    a real ext4 (a loop device, mounted in a mount namespace of the check's own) is said to be on ext2/3/4."""
+    if os.geteuid() != 0 or not shutil.which("mkfs.ext4") or not shutil.which("unshare"):
+        pytest.skip("needs root, mkfs.ext4 and unshare")
+    image, place = tmp_path / "ext4.img", tmp_path / "place"
+    subprocess.run(["truncate", "-s", "16M", str(image)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", str(image)], check=True)
+    place.mkdir()
+    key_file(tmp_path / "k")
+    config = tmp_path / "serve.toml"
+    config.write_text(f'listen = "127.0.0.1:7000"\n[clients.alpha]\nkey = "k"\nreceive = "{place}"\n')
+    check = shlex.join([*CMD, "serve", "--config", str(config), "--check-config"])
+    mounted = f"mount -o loop {shlex.quote(str(image))} {shlex.quote(str(place))} && {check}"  # gone with it
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", mounted], capture_output=True
+    )
+    text = result.stderr.decode()
+    assert result.returncode == 2 and "Traceback" not in text, text
+    assert f"{config}:4: clients.alpha.receive: '{place}' is on ext2/3/4, not on btrfs" in text, text
 
 
 def test_check_config_says_ok(tmp_path: Path) -> None:

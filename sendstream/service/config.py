@@ -321,9 +321,11 @@ def _one_client_per_address(clients: dict[str, Client], lines: _Lines) -> None:
 
 
 def _file_system(path: str) -> str:
-    """The type of the file system ``path`` is on, as ``stat -f`` names it (``btrfs``)."""
-    found = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, text=True, check=False)
-    return found.stdout.strip() or "an unknown file system"
+    """The type of the file system ``path`` is on, as ``stat -f`` names it (``btrfs``), but ext2, ext3 and
+    ext4, which share one magic number, as ``ext2/3/4`` (``stat -f`` says ``ext2/ext3`` of all three)."""
+    found = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, check=False)
+    name = found.stdout.strip().decode("utf-8", "backslashreplace")
+    return "ext2/3/4" if name == "ext2/ext3" else name or "an unknown file system"
 
 
 def _no_overlap(clients: dict[str, Client], lines: _Lines) -> None:
