@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import queue
 import re
 import shlex
 import shutil
@@ -266,6 +267,17 @@ def test_a_client_over_its_limit_is_told_busy(tmp_path: Path) -> None:
             ":1",
             "listen: expected HOST:PORT or [IPv6]:PORT, got '[::1:7000'",
         ),
+        (
+            '[clients.alpha]\nkey = "k"\nstore = "p"\nquota = "lots"\n',
+            ":4",
+            "clients.alpha.quota: expected a size in bytes",
+        ),
+        (
+            '[clients.alpha]\nkey = "k"\nstore = "s3://bucket/x"\nquota = "5G"\n',
+            ":4",
+            "clients.alpha.quota: only for a directory",
+        ),
+        ("journal_days = -1\n", ":1", "journal_days: expected days from 0.0 to 3650.0, got -1"),
     ],
     ids=[
         "unknown-setting",
@@ -297,6 +309,9 @@ def test_a_client_over_its_limit_is_told_busy(tmp_path: Path) -> None:
         "one-key-file-two-clients",
         "one-key-two-files",
         "listen-unclosed-bracket",
+        "quota-not-a-size",
+        "quota-of-a-bucket",
+        "journal-days-negative",
     ],
 )
 def test_check_config_names_the_line_and_what_is_wrong(tmp_path: Path, body: str, where: str, message: str) -> None:
@@ -748,3 +763,136 @@ def test_a_killed_service_resumes_into_btrfs_receive(tmp_path: Path) -> None:
         assert sorted(os.listdir(mnt / "alpha")) == ["one", "two"]  # no journal left
         transfer = next(e for e in events(proc) if e["event"] == "transfer")
         assert 2 << 20 < int(transfer["resumed"]) < streams[0].stat().st_size  # type: ignore[call-overload]
+
+
+# journals of abandoned transfers: expired, listed, removed, bounded by a quota (issue 24, finding 23)
+
+
+def _abandon(port: int, tmp_path: Path, stream: Path) -> str:
+    """A resumable send of ``stream`` whose input ends inside a command: the service keeps its journal, with a
+    checkpoint at the last command that came. The journal's stream name."""
+    cut = tmp_path / "cut.stream"
+    data = stream.read_bytes()
+    cut.write_bytes(data[: len(data) // 2 + 7])
+    result = send(port, tmp_path, "alpha", cut, "--resumable")
+    assert result.returncode == 3, result.stderr
+    return name_of(stream)
+
+
+def _journal_files(place: Path) -> list[str]:
+    return sorted(p.name for p in place.iterdir() if ".incoming" in p.name)
+
+
+def test_a_quota_refuses_a_full_place_and_cuts_a_stream_that_would_pass_it(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    config.write_text(config.read_text() + 'quota = "1M"\n')
+    place = tmp_path / "places" / "alpha"
+    big = tmp_path / "big.stream"
+    big.write_bytes(FULL.read_bytes() * 8)  # 2.2 MB
+    with service(config, port) as proc:
+        first = send(port, tmp_path, "alpha", FULL, "--resumable")
+        cut = send(port, tmp_path, "alpha", big, "--resumable")
+        (place / "admin's file").write_bytes(bytes(1 << 20))
+        refused = send(port, tmp_path, "alpha", INCR, "--resumable")
+    assert first.returncode == 0, first.stderr
+    assert cut.returncode == 8, cut.stderr
+    assert b"limit reached: alpha: the stream would pass its place's quota after " in cut.stderr, cut.stderr
+    assert b"(the limit is 1048576; clients.alpha.quota in serve.toml raises it)" in cut.stderr
+    assert refused.returncode == 8, refused.stderr
+    assert re.search(rb"alpha: its place holds \d+ bytes, its whole quota", refused.stderr), refused.stderr
+    assert sorted(stored(tmp_path, "alpha")) == sorted([name_of(FULL), name_of(FULL) + ".json", "admin's file"])
+    log = events(proc)
+    assert [e["code"] for e in log if e["event"] == "failed"] == [8, 8], log
+
+
+def test_a_journal_whose_checkpoint_lies_past_its_part_is_discarded(tmp_path: Path) -> None:
+    """Its stream's resumable sends failed for ever ("fewer than the N its resume state says"); now the
+    journal goes, the service says so, and the stream is stored whole."""
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    place = tmp_path / "places" / "alpha"
+    big = tmp_path / "big.stream"
+    big.write_bytes(FULL.read_bytes() * 4)
+    with service(config, port) as proc:
+        name = _abandon(port, tmp_path, big)
+        os.truncate(place / f".{name}.incoming.part", 1000)
+        again = send(port, tmp_path, "alpha", big, "--resumable")
+    assert again.returncode == 0, again.stderr
+    assert stored(tmp_path, "alpha")[name] == big.read_bytes() and not _journal_files(place)
+    discarded = [e for e in events(proc) if e["event"] == "discarded"]
+    assert len(discarded) == 1 and discarded[0]["journal"] == name, discarded
+    assert "lies past its part (a part of 1000 bytes)" in str(discarded[0]["reason"])
+
+
+def test_journals_expire_by_the_services_clock(tmp_path: Path) -> None:
+    """journal_days = 2: a sweep at start and every hour of the service's clock (here one the test moves)
+    removes the journals not written for two days."""
+    from sendstream.service.config import load
+    from sendstream.service.server import SWEEP_SECONDS, EventLog, Service
+
+    port = free_port()
+    config = write_config(tmp_path, port, "journal_days = 2", clients=("alpha",))
+    place = tmp_path / "places" / "alpha"
+    with service(config, port):
+        name = _abandon(port, tmp_path, FULL)
+    assert len(_journal_files(place)) == 2
+    lines: queue.Queue[dict[str, object]] = queue.Queue()
+
+    class Lines:
+        def write(self, text: str) -> None:
+            lines.put(json.loads(text))
+
+        def flush(self) -> None:
+            pass
+
+    now = time.time()
+    stop = threading.Event()
+    served = Service(load(str(config)), EventLog(Lines(), "json"), clock=lambda: now)  # type: ignore[arg-type]
+    thread = threading.Thread(target=served.run, args=(stop,))
+    thread.start()
+    try:
+        seen = [lines.get(timeout=30) for _ in range(2)]
+        assert [e["event"] for e in seen] == ["client", "listening"]
+        now += 2 * 86400 + SWEEP_SECONDS
+        expired = lines.get(timeout=30)
+    finally:
+        stop.set()
+        thread.join()
+    assert expired["event"] == "expired" and expired["journal"] == name and float(expired["days"]) >= 2, expired
+    assert not _journal_files(place)
+
+
+def test_expired_journals_are_those_older_than_the_age(tmp_path: Path) -> None:
+    from sendstream.service.config import load
+    from sendstream.service.journals import expired
+
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    with service(config, port):
+        name = _abandon(port, tmp_path, FULL)
+    client = load(str(config)).clients["alpha"]
+    written = max(p.stat().st_mtime for p in (tmp_path / "places" / "alpha").glob(".*.incoming.*"))
+    assert expired(client, 86400, written + 86399) == []
+    assert [j.name for j in expired(client, 86400, written + 86401)] == [name]
+
+
+def test_an_admin_lists_and_removes_journals(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha", "beta"))
+    place = tmp_path / "places" / "alpha"
+    with service(config, port):
+        name = _abandon(port, tmp_path, FULL)
+    size = sum(p.stat().st_size for p in place.glob(".*.incoming.*"))
+    serve = [*CMD, "serve", "--config", str(config)]
+    listed = subprocess.run([*serve, "--journals"], capture_output=True, text=True)
+    assert listed.returncode == 0 and re.fullmatch(
+        rf"alpha {re.escape(name)} {size} bytes, last written \d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00\n", listed.stdout
+    ), listed
+    wrong = subprocess.run([*serve, "--remove-journal", f"beta/{name}"], capture_output=True, text=True)
+    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1, wrong.stderr
+    assert f"no journal of {name!r} in beta's place" in wrong.stderr and len(_journal_files(place)) == 2
+    removed = subprocess.run([*serve, "--remove-journal", f"alpha/{name}"], capture_output=True, text=True)
+    assert removed.returncode == 0 and removed.stdout == f"removed alpha/{name} ({size} bytes)\n", removed
+    assert not _journal_files(place)
+    assert subprocess.run([*serve, "--journals"], capture_output=True, text=True).stdout == ""

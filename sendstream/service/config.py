@@ -8,10 +8,12 @@
     max_per_client = 2
     handshake_timeout = 30          # seconds for the handshake and the first words
     idle_timeout = 600              # seconds without a byte from a sender
+    journal_days = 7                # an abandoned transfer's journal goes after this many days (0: never)
 
     [clients.web1]                  # the name is the client's PSK identity
     key = "keys/web1.key"           # relative to this file's directory
     store = "/srv/streams/web1"     # stream files, each with a JSON manifest (or s3://BUCKET/PREFIX)
+    quota = "500G"                  # the most its place may hold: streams, manifests, journals
 
     [clients.db1]
     key = "keys/db1.key"
@@ -44,14 +46,16 @@ from typing import Any
 from ..archive.store import Location
 from ..errors import KeyFileError, UsageError
 from ..net.address import Address
+from ..net.progress import parse_size
 from ..net.tls import MODES
 from ..net.tls.keys import load_key
 
 IDENTITY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _INTEGERS = {"max_transfers": (1, 4096, 16), "max_per_client": (1, 4096, 2)}
 _SECONDS = {"handshake_timeout": (0.1, 3600.0, 30.0), "idle_timeout": (0.0, 86400.0, 600.0)}
-_TOP = {"listen", "tls", "clients", *_INTEGERS, *_SECONDS}
-_CLIENT = {"key", "store", "receive", "trusted"}
+_DAYS = {"journal_days": (0.0, 3650.0, 7.0)}
+_TOP = {"listen", "tls", "clients", *_INTEGERS, *_SECONDS, *_DAYS}
+_CLIENT = {"key", "store", "receive", "trusted", "quota"}
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _BTRFS = "btrfs"
 _MAX_SIZE = 1 << 20  # of the file
@@ -77,6 +81,7 @@ class Client:
     place: str
     receive: bool = False
     trusted: tuple[Network, ...] = ()  # where it may connect from without TLS
+    quota: int | None = None  # bytes its place may hold (None: no bound)
 
     @property
     def archive(self) -> bool:
@@ -96,6 +101,7 @@ class Config:
     max_per_client: int
     handshake_timeout: float
     idle_timeout: float | None  # None: for ever (0 in the file)
+    journal_max_age: float | None = None  # seconds an abandoned journal is kept; None: for ever (0 in the file)
 
     def key_of(self, identity: str) -> bytes | None:
         """The key of a configured client (None for anyone else): the TLS server's lookup."""
@@ -182,12 +188,12 @@ def load(path: str, warn: Callable[[str], object] | None = None) -> Config:
             f"tls: expected one of {modes}, got {tls!r} (a client may send unencrypted from its trusted addresses)",
         )
     numbers: dict[str, Any] = {}
-    for key, (low, high, default) in {**_INTEGERS, **_SECONDS}.items():
+    for key, (low, high, default) in {**_INTEGERS, **_SECONDS, **_DAYS}.items():
         value = data.get(key, default)
         integer = key in _INTEGERS
         kinds = int if integer else (int, float)
         if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
-            kind = "a whole number" if integer else "seconds"
+            kind = "a whole number" if integer else "days" if key in _DAYS else "seconds"
             raise ConfigError(lines.at(None, key), f"{key}: expected {kind} from {low} to {high}, got {_shown(value)}")
         numbers[key] = value
     clients = _clients(data.get("clients"), lines, base, warn)
@@ -200,6 +206,7 @@ def load(path: str, warn: Callable[[str], object] | None = None) -> Config:
         max_per_client=numbers["max_per_client"],
         handshake_timeout=float(numbers["handshake_timeout"]),
         idle_timeout=float(numbers["idle_timeout"]) or None,
+        journal_max_age=numbers["journal_days"] * 86400.0 or None,
     )
 
 
@@ -268,11 +275,17 @@ def _clients(table: Any, lines: _Lines, base: str, warn: Callable[[str], object]
         kind = "receive" if "receive" in settings else "store"
         place = _text(settings, kind, lines, name)
         trusted = _networks(settings.get("trusted", []), lines, name)
+        quota = _quota(settings, lines, name)
         if kind == "store" and place.startswith("s3://"):
             try:
                 place = Location.parse(place).url()  # the archive (the S3 endpoint and credentials: AWS_*)
             except UsageError as exc:
                 raise ConfigError(lines.at(("clients", name), kind), f"clients.{name}.store: {exc}") from None
+            if quota is not None:
+                raise ConfigError(
+                    lines.at(("clients", name), "quota"),
+                    f"clients.{name}.quota: only for a directory, not a bucket (the store's own quotas bound those)",
+                )
             clients[name] = Client(name, key, place, trusted=trusted)
             continue
         place = os.path.realpath(os.path.join(base, place))
@@ -282,7 +295,7 @@ def _clients(table: Any, lines: _Lines, base: str, warn: Callable[[str], object]
             raise ConfigError(
                 lines.at(("clients", name), kind), f"clients.{name}.receive: {place!r} is on {fs}, not on btrfs"
             )
-        clients[name] = Client(name, key, place, kind == "receive", trusted)
+        clients[name] = Client(name, key, place, kind == "receive", trusted, quota)
     _no_overlap(clients, lines)
     _one_client_per_address(clients, lines)
     return clients
@@ -306,6 +319,25 @@ def _networks(value: Any, lines: _Lines, name: str) -> tuple[Network, ...]:
             network = ipaddress.IPv4Network((mapped, network.prefixlen - 96))  # a peer's address is taken so too
         networks.append(network)
     return tuple(networks)
+
+
+def _quota(settings: dict[str, Any], lines: _Lines, name: str) -> int | None:
+    """``quota``: bytes (``500000000``) or a size (``500G``, powers of 1024); None when not set."""
+    value = settings.get("quota")
+    if value is None:
+        return None
+    try:
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise ValueError(value)
+        quota = value if isinstance(value, int) else parse_size(value)
+        if quota <= 0:
+            raise ValueError(value)
+    except ValueError:
+        raise ConfigError(
+            lines.at(("clients", name), "quota"),
+            f"clients.{name}.quota: expected a size in bytes above 0 (500000000000, 500G), got {_shown(value)}",
+        ) from None
+    return quota
 
 
 def _one_client_per_address(clients: dict[str, Client], lines: _Lines) -> None:

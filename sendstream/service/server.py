@@ -34,7 +34,7 @@ from ..archive.upload import upload
 from ..io.outputs import OutputDirectory, OutputFile
 from ..io.threads import started
 from ..net.address import listen
-from ..net.journal import PART_SUFFIX, Journal, load_state, state_path
+from ..net.journal import PART_SUFFIX, Journal
 from ..net.listener import Listener, describe_peer
 from ..net.progress import NONE, Progress
 from ..net.receiving import receive_resumable
@@ -50,9 +50,11 @@ from ..ops.stored import manifest, stream_name
 from .config import Client, Config
 from .confine import UuidGuard, leftover, subvolumes
 from .held import held
+from .journals import Charge, Quota, expired, incoming_name, kept, remove
 from .metrics import Metrics, NoMetrics
 
 DRAIN_SECONDS = 30.0  # after SIGTERM, how long running transfers may take to end before they are cut
+SWEEP_SECONDS = 3600.0  # how often the places are searched for expired journals (and once at start)
 
 
 class EventLog:
@@ -86,10 +88,18 @@ def _text(value: Any) -> str:
 class Service:
     """The service of ``config``: :meth:`run` until ``stop`` is set."""
 
-    def __init__(self, config: Config, log: EventLog, metrics: Metrics | NoMetrics | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        log: EventLog,
+        metrics: Metrics | NoMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.config = config
         self.log = log
         self.metrics = metrics or NoMetrics()
+        self.clock = clock  # the wall clock journals expire by
+        self._quotas = {name: Quota(c) for name, c in config.clients.items() if c.quota is not None}
         self._lock = threading.Lock()
         self._active: dict[str, set[SessionReceiver]] = {name: set() for name in config.clients}
         self._threads: set[threading.Thread] = set()
@@ -114,8 +124,12 @@ class Service:
             )
             listener.serve()
             self.log("listening", address=f"{config.listen.host}:{server.getsockname()[1]}", tls=config.tls)
+            sweep = self.clock()
             try:
                 while not stop.is_set():
+                    if config.journal_max_age is not None and self.clock() >= sweep:
+                        self.expire(config.journal_max_age)
+                        sweep = self.clock() + SWEEP_SECONDS
                     opening = listener.next(0.25)
                     if opening is not None:
                         self._start(opening)
@@ -194,12 +208,22 @@ class Service:
         result, size = "failed", 0
         names: tuple[str, ...] = ()
         claims: list[str] = []
+        journal, charge = None, None
         try:
             checkpoint = None
             if opening.identity is not None and not client.archive:  # (a bucket keeps no journal)
                 journal = os.path.join(client.place, incoming_name(opening.identity))
                 self._hold([f"path {journal}"], claims, client)
-                checkpoint = kept(journal, client.key, opening.identity)
+                stream = stream_name(opening.identity)
+                checkpoint = kept(
+                    journal,
+                    client.key,
+                    opening.identity,
+                    lambda why: self.log("discarded", **fields, journal=stream, reason=why),
+                )
+            if (quota := self._quotas.get(client.identity)) is not None:
+                part = os.path.basename(journal) + PART_SUFFIX if journal else None
+                charge = quota.begin(part, checkpoint.offset if checkpoint else 0)
             session = SessionReceiver(
                 opening,
                 reconnect_timeout=0.0,
@@ -216,10 +240,10 @@ class Service:
             elif client.receive:
                 child = {"say": lambda line: self.log("btrfs-receive", **fields, line=line)}
                 name, size, names = receive_into(
-                    session, client, lambda *what: self._claim(client, claims, *what), checkpoint, **child
+                    session, client, lambda *what: self._claim(client, claims, *what), checkpoint, charge, **child
                 )
             else:
-                name, size, names = store(session, client, opening.peer, checkpoint)
+                name, size, names = store(session, client, opening.peer, checkpoint, charge)
             session.answer(0, "ok")
             result = "ok"
             done = {"subvolumes": name} if client.receive else {"stream": name}
@@ -231,6 +255,8 @@ class Service:
                 seconds=round(time.monotonic() - began, 3),
             )
         except Exception as exc:
+            if charge is not None and charge.exceeded and journal is not None:
+                remove(journal)  # the same stream again would pass the quota again
             code, message = failure_status(exc)
             if session is not None:
                 with contextlib.suppress(Exception):
@@ -241,9 +267,9 @@ class Service:
             self.log("failed", **fields, seconds=round(time.monotonic() - began, 3), code=code, reason=message)
         finally:
             self.metrics.ended(client.identity, result, size, names)
-            with self._lock:
-                for claim in claims:
-                    del self._claims[claim]
+            if charge is not None:
+                charge.end()
+            self._release(claims)
             if session is not None:
                 session.close()
                 with self._lock:
@@ -277,6 +303,32 @@ class Service:
             for claim in wanted:
                 self._claims[claim] = client.identity
                 claims.append(claim)
+
+    def _release(self, claims: list[str]) -> None:
+        with self._lock:
+            for claim in claims:
+                del self._claims[claim]
+
+    def expire(self, max_age: float) -> None:
+        """Remove the journals not written for ``max_age`` seconds (by :attr:`clock`) that no transfer holds."""
+        for client in self.config.clients.values():
+            try:
+                old = expired(client, max_age, self.clock())
+            except OSError as exc:
+                self.log("failed", client=client.identity, reason=f"searching {client.place} for journals: {exc}")
+                continue
+            for journal in old:
+                claims: list[str] = []
+                try:
+                    self._hold([f"path {journal.path}"], claims, client)
+                except e.SessionError:
+                    continue  # its sender came back meanwhile
+                try:
+                    remove(journal.path)
+                finally:
+                    self._release(claims)
+                days = round((self.clock() - journal.written) / 86400, 1)
+                self.log("expired", client=client.identity, journal=journal.name, bytes=journal.size, days=days)
 
     def _drain(self) -> None:
         deadline = time.monotonic() + DRAIN_SECONDS
@@ -325,35 +377,20 @@ def _unencrypted(sock: socket.socket, config: Config) -> Channel:
     return channel
 
 
-def incoming_name(identity: dict[str, Any]) -> str:
-    """The hidden name a session's stream is journaled under in its client's place, until it is whole."""
-    return f".{stream_name(identity)}.incoming"
-
-
-def kept(journal: str, key: bytes, identity: dict[str, Any]) -> Checkpoint | None:
-    """The durable checkpoint of an earlier run of the transfer of stream ``identity`` to ``journal``; None
-    when there is none (what another stream of that name left is removed)."""
-    try:
-        checkpoint = load_state(journal, key)
-    except e.ResumeError:
-        return None
-    if checkpoint.stream != identity:
-        for leftover in (state_path(journal), journal + PART_SUFFIX):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(leftover)
-        return None
-    return checkpoint
-
-
 def store(
-    session: SessionReceiver, client: Client, peer: str, checkpoint: Checkpoint | None = None
+    session: SessionReceiver,
+    client: Client,
+    peer: str,
+    checkpoint: Checkpoint | None = None,
+    charge: Charge | None = None,
 ) -> tuple[str, int, tuple[str, ...]]:
     """Check and write the stream of ``session`` into ``client``'s place; once stored, its file name, its
     size and the name of its snapshot.
 
     A session's stream is journaled (:class:`~sendstream.net.journal.Journal`: durable checkpoints, a
     resume state signed with the client's key), so that the same stream sent again continues from
-    ``checkpoint``, the last one of an earlier run; a raw stream goes to a hidden temporary file.
+    ``checkpoint``, the last one of an earlier run; a raw stream goes to a hidden temporary file. What is
+    written is counted by ``charge`` first (against the client's quota).
     """
     progress = Progress("received", mode=NONE)
     ledger = Ledger(checkpoint)
@@ -361,6 +398,8 @@ def store(
 
     def hashed(write: Callable[[Any], object]) -> Callable[[Any], None]:
         def written(data: Any) -> None:
+            if charge is not None:
+                charge(len(data))
             write(data)
             digest.update(data)
 
@@ -433,6 +472,7 @@ def receive_into(
     client: Client,
     claim: Callable[[uuid.UUID, str], object],
     checkpoint: Checkpoint | None = None,
+    charge: Charge | None = None,
     say: Callable[[str], object] = lambda line: None,
 ) -> tuple[str, int, tuple[str, ...]]:
     """Check the stream of ``session`` and give it to ``btrfs receive`` in ``client``'s place, its UUIDs
@@ -443,6 +483,7 @@ def receive_into(
     continues from ``checkpoint``: ``btrfs receive`` cannot continue what an earlier run began, so the
     subvolumes that run left are deleted and the kept part is given to a new ``btrfs receive`` again
     before the session's bytes. On any failure the subvolumes this run began are deleted; the journal stays.
+    What is written is counted by ``charge`` first (against the client's quota).
     """
     own, foreign = subvolumes(client.place)
     made: list[str] = []
@@ -472,6 +513,8 @@ def receive_into(
                 child.write(data)
 
             def write(data: Any) -> None:
+                if charge is not None:
+                    charge(len(data))
                 replay(data)
                 if journal is not None:
                     journal.write(data)
