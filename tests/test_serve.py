@@ -896,3 +896,25 @@ def test_an_admin_lists_and_removes_journals(tmp_path: Path) -> None:
     assert removed.returncode == 0 and removed.stdout == f"removed alpha/{name} ({size} bytes)\n", removed
     assert not _journal_files(place)
     assert subprocess.run([*serve, "--journals"], capture_output=True, text=True).stdout == ""
+
+
+@pytest.mark.btrfs
+def test_a_quota_cuts_a_stream_into_btrfs_receive(tmp_path: Path) -> None:
+    """Into `btrfs receive` the quota counts the journal as it grows: past it the transfer is cut, and the
+    subvolume it began and its journal go."""
+    need_root_btrfs()
+    with btrfs_loop("256M") as mnt:
+        (mnt / "alpha").mkdir()
+        port = free_port()
+        (tmp_path / "keys").mkdir()
+        key_file(tmp_path / "keys" / "alpha.key")
+        config = tmp_path / "serve.toml"
+        config.write_text(
+            f'listen = "127.0.0.1:{port}"\n[clients.alpha]\nkey = "keys/alpha.key"\n'
+            f'receive = "{mnt / "alpha"}"\nquota = "100K"\n'
+        )
+        with service(config, port):
+            cut = send(port, tmp_path, "alpha", FULL, "--resumable")
+        assert cut.returncode == 8, cut.stderr
+        assert b"alpha: the stream would pass its place's quota" in cut.stderr, cut.stderr
+        assert os.listdir(mnt / "alpha") == []
