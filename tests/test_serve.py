@@ -713,6 +713,17 @@ def test_a_killed_service_started_again_takes_its_senders_back(tmp_path: Path) -
     assert 2 << 20 < int(transfer["resumed"]) < big.stat().st_size  # type: ignore[call-overload]
 
 
+def _receiving(tmp_path: Path, port: int, place: Path, extra: str = "") -> Path:
+    """A configuration with one client, alpha, that receives into ``place``."""
+    (tmp_path / "keys").mkdir()
+    key_file(tmp_path / "keys" / "alpha.key")
+    config = tmp_path / "serve.toml"
+    config.write_text(
+        f'listen = "127.0.0.1:{port}"\n[clients.alpha]\nkey = "keys/alpha.key"\nreceive = "{place}"\n{extra}\n'
+    )
+    return config
+
+
 @pytest.mark.btrfs
 def test_a_killed_service_resumes_into_btrfs_receive(tmp_path: Path) -> None:
     """The subvolume the killed run began is deleted, the kept part given to btrfs receive again, and the
@@ -734,12 +745,7 @@ def test_a_killed_service_resumes_into_btrfs_receive(tmp_path: Path) -> None:
         (mnt / "alpha").mkdir()
         (mnt / "direct").mkdir()
         port = free_port()
-        (tmp_path / "keys").mkdir()
-        key_file(tmp_path / "keys" / "alpha.key")
-        config = tmp_path / "serve.toml"
-        config.write_text(
-            f'listen = "127.0.0.1:{port}"\n[clients.alpha]\nkey = "keys/alpha.key"\nreceive = "{mnt / "alpha"}"\n'
-        )
+        config = _receiving(tmp_path, port, mnt / "alpha")
         with service(config, port) as proc:
             sender = _sender(
                 port, tmp_path, streams[0], "--rate-limit", "2M", "--retries", "20", "--retry-delay", "0.5"
@@ -906,13 +912,7 @@ def test_a_quota_cuts_a_stream_into_btrfs_receive(tmp_path: Path) -> None:
     with btrfs_loop("256M") as mnt:
         (mnt / "alpha").mkdir()
         port = free_port()
-        (tmp_path / "keys").mkdir()
-        key_file(tmp_path / "keys" / "alpha.key")
-        config = tmp_path / "serve.toml"
-        config.write_text(
-            f'listen = "127.0.0.1:{port}"\n[clients.alpha]\nkey = "keys/alpha.key"\n'
-            f'receive = "{mnt / "alpha"}"\nquota = "100K"\n'
-        )
+        config = _receiving(tmp_path, port, mnt / "alpha", 'quota = "100K"')
         with service(config, port):
             cut = send(port, tmp_path, "alpha", FULL, "--resumable")
         assert cut.returncode == 8, cut.stderr
