@@ -278,6 +278,7 @@ def test_a_client_over_its_limit_is_told_busy(tmp_path: Path) -> None:
             "clients.alpha.quota: only for a directory",
         ),
         ("journal_days = -1\n", ":1", "journal_days: expected days from 0.0 to 3650.0, got -1"),
+        ("#" + "x" * (1 << 20) + "\n", "", "larger than 1048576 bytes: not a configuration"),
     ],
     ids=[
         "unknown-setting",
@@ -312,6 +313,7 @@ def test_a_client_over_its_limit_is_told_busy(tmp_path: Path) -> None:
         "quota-not-a-size",
         "quota-of-a-bucket",
         "journal-days-negative",
+        "over-1-MiB",
     ],
 )
 def test_check_config_names_the_line_and_what_is_wrong(tmp_path: Path, body: str, where: str, message: str) -> None:

@@ -174,7 +174,7 @@ def load(path: str, warn: Callable[[str], object] | None = None) -> Config:
     for key in data:
         if key not in _TOP:
             known = ", ".join(sorted(_TOP))
-            raise ConfigError(lines.at(None, key), f"unknown setting {key!r}; expected one of {known}")
+            raise ConfigError(lines.at(None, key), f"unknown setting {_shown(key)}; expected one of {known}")
     listen = _text(data, "listen", lines, None)
     try:
         address = Address.parse(listen, listen=True)
@@ -185,7 +185,8 @@ def load(path: str, warn: Callable[[str], object] | None = None) -> Config:
         modes = ", ".join(m for m in MODES if m != "none")
         raise ConfigError(
             lines.at(None, "tls"),
-            f"tls: expected one of {modes}, got {tls!r} (a client may send unencrypted from its trusted addresses)",
+            f"tls: expected one of {modes}, got {_shown(tls)} "
+            "(a client may send unencrypted from its trusted addresses)",
         )
     numbers: dict[str, Any] = {}
     for key, (low, high, default) in {**_INTEGERS, **_SECONDS, **_DAYS}.items():
@@ -237,7 +238,7 @@ def _clients(table: Any, lines: _Lines, base: str, warn: Callable[[str], object]
         if not IDENTITY.fullmatch(name):
             raise ConfigError(
                 where,
-                f"client name {name!r}: expected 1 to 64 letters, digits, '.', '_' or '-', "
+                f"client name {_shown(name)}: expected 1 to 64 letters, digits, '.', '_' or '-', "
                 "not starting with '.' or '-' (it names the client's PSK identity and its place)",
             )
         if not isinstance(settings, dict):
@@ -246,7 +247,7 @@ def _clients(table: Any, lines: _Lines, base: str, warn: Callable[[str], object]
             if key not in _CLIENT:
                 raise ConfigError(
                     lines.at(("clients", name), key),
-                    f"clients.{name}: unknown setting {key!r}; expected {', '.join(sorted(_CLIENT))}",
+                    f"clients.{name}: unknown setting {_shown(key)}; expected {', '.join(sorted(_CLIENT))}",
                 )
         key_path = os.path.join(base, _text(settings, "key", lines, name))
         try:
@@ -305,14 +306,16 @@ def _networks(value: Any, lines: _Lines, name: str) -> tuple[Network, ...]:
     """``trusted``: addresses or networks (``10.1.2.3``, ``10.1.0.0/16``, ``fd00::/8``)."""
     where = lines.at(("clients", name), "trusted")
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(where, f"clients.{name}.trusted: expected a list of addresses or networks, got {value!r}")
+        raise ConfigError(
+            where, f"clients.{name}.trusted: expected a list of addresses or networks, got {_shown(value)}"
+        )
     networks: list[Network] = []
     for text in value:
         try:
             network = ipaddress.ip_network(text, strict=False)
         except ValueError:
             raise ConfigError(
-                where, f"clients.{name}.trusted: {text!r} is not an address or a network (10.1.2.3, 10.1.0.0/16)"
+                where, f"clients.{name}.trusted: {_shown(text)} is not an address or a network (10.1.2.3, 10.1.0.0/16)"
             ) from None
         if isinstance(network, ipaddress.IPv6Network) and network.subnet_of(_MAPPED):
             mapped = network.network_address.ipv4_mapped
