@@ -830,7 +830,7 @@ def test_a_journal_whose_checkpoint_lies_past_its_part_is_discarded(tmp_path: Pa
     assert stored(tmp_path, "alpha")[name] == big.read_bytes() and not _journal_files(place)
     discarded = [e for e in events(proc) if e["event"] == "discarded"]
     assert len(discarded) == 1 and discarded[0]["journal"] == name, discarded
-    assert "lies past its part (a part of 1000 bytes)" in str(discarded[0]["reason"])
+    assert "lies past the end of its part (1000 bytes)" in str(discarded[0]["reason"])
 
 
 def test_journals_expire_by_the_services_clock(tmp_path: Path) -> None:

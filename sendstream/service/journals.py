@@ -98,15 +98,19 @@ def kept(
         remove(journal)
         return None
     try:
-        part: os.stat_result | None = os.lstat(journal + PART_SUFFIX)
+        part = os.lstat(journal + PART_SUFFIX)
     except FileNotFoundError:
-        part = None
-    if part is None or not stat.S_ISREG(part.st_mode) or part.st_size < checkpoint.offset:
-        has = "no part" if part is None else f"a part of {part.st_size} bytes" if stat.S_ISREG(part.st_mode) else ""
-        remove(journal)
-        discarded(f"its checkpoint at {checkpoint.offset} lies past its part ({has or 'not a file'})")
-        return None
-    return checkpoint
+        why = "its part is gone"
+    else:
+        if not stat.S_ISREG(part.st_mode):
+            why = "its part is not a file"
+        elif part.st_size < checkpoint.offset:
+            why = f"its checkpoint at {checkpoint.offset} lies past the end of its part ({part.st_size} bytes)"
+        else:
+            return checkpoint
+    remove(journal)
+    discarded(why)
+    return None
 
 
 def usage(place: str, leaving_out: set[str]) -> int:
