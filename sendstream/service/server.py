@@ -127,9 +127,9 @@ class Service:
             sweep = self.clock()
             try:
                 while not stop.is_set():
-                    if config.journal_max_age is not None and self.clock() >= sweep:
+                    if config.journal_max_age is not None and (now := self.clock()) >= sweep:
+                        sweep = now + SWEEP_SECONDS  # (from the clock read before the sweep: no sweep is lost)
                         self.expire(config.journal_max_age)
-                        sweep = self.clock() + SWEEP_SECONDS
                     opening = listener.next(0.25)
                     if opening is not None:
                         self._start(opening)
@@ -311,9 +311,10 @@ class Service:
 
     def expire(self, max_age: float) -> None:
         """Remove the journals not written for ``max_age`` seconds (by :attr:`clock`) that no transfer holds."""
+        now = self.clock()
         for client in self.config.clients.values():
             try:
-                old = expired(client, max_age, self.clock())
+                old = expired(client, max_age, now)
             except OSError as exc:
                 self.log("failed", client=client.identity, reason=f"searching {client.place} for journals: {exc}")
                 continue
@@ -327,7 +328,7 @@ class Service:
                     remove(journal.path)
                 finally:
                     self._release(claims)
-                days = round((self.clock() - journal.written) / 86400, 1)
+                days = round((now - journal.written) / 86400, 1)
                 self.log("expired", client=client.identity, journal=journal.name, bytes=journal.size, days=days)
 
     def _drain(self) -> None:
