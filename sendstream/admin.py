@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .net.tls import Channel
+    from .service.config import Config
 
 
 @click.group(cls=Group)
@@ -68,6 +69,21 @@ def man(ctx: click.Context) -> None:
 )
 @click.option("--check-config", is_flag=True, help="Check FILE (keys, places, names) and say what is wrong, then exit.")
 @click.option(
+    "--journals",
+    "list_journals",
+    is_flag=True,
+    help="List the journals of unfinished transfers in every client's place (client, stream, bytes, last write), "
+    "then exit.",
+)
+@click.option(
+    "--remove-journal",
+    "remove_journals",
+    multiple=True,
+    metavar="CLIENT/STREAM",
+    help="Remove the journal of STREAM (as --journals names it) in CLIENT's place, then exit; of a transfer "
+    "that is not running. Repeatable.",
+)
+@click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     default="text",
@@ -80,7 +96,14 @@ def man(ctx: click.Context) -> None:
     help="Answer Prometheus scrapes on HOST:PORT (needs prometheus_client): transfers, bytes, active ones, "
     "the last success of each subvolume.",
 )
-def serve(config_path: str, check_config: bool, log_format: str, metrics: str | None) -> None:
+def serve(
+    config_path: str,
+    check_config: bool,
+    list_journals: bool,
+    remove_journals: tuple[str, ...],
+    log_format: str,
+    metrics: str | None,
+) -> None:
     """Receive streams from many clients at once, each authenticated by its key
     and stored in its own place, until SIGTERM or Ctrl-C.
 
@@ -103,6 +126,9 @@ def serve(config_path: str, check_config: bool, log_format: str, metrics: str | 
             f"{config_path}: ok: {len(config.clients)} client{'s' * (len(config.clients) != 1)} "
             f"({', '.join(sorted(config.clients))}), {config.tls} on {config.listen.host}:{config.listen.port}"
         )
+    if remove_journals or list_journals:
+        journals(config, remove_journals, list_journals)
+    if check_config or remove_journals or list_journals:
         return
     stop = threading.Event()
 
@@ -126,6 +152,28 @@ def serve(config_path: str, check_config: bool, log_format: str, metrics: str | 
     finally:
         if counted is not None:
             counted.close()
+
+
+def journals(config: Config, removed: tuple[str, ...], listed: bool) -> None:
+    """``serve --remove-journal CLIENT/STREAM`` and ``--journals``: remove, then list, what unfinished
+    transfers left in the clients' places."""
+    import datetime
+
+    from .errors import UsageError
+    from .service import journals as found
+
+    for text in removed:
+        identity, _, name = text.partition("/")
+        client = config.clients.get(identity)
+        if client is None or not name:
+            raise UsageError(f"--remove-journal {text!r}: expected CLIENT/STREAM, CLIENT one of the configuration's")
+        journal = found.named(client, name)
+        found.remove(journal.path)
+        click.echo(f"removed {identity}/{name} ({journal.size} bytes)")
+    for client in config.clients.values() if listed else ():
+        for journal in found.unfinished(client):
+            when = datetime.datetime.fromtimestamp(journal.written, datetime.UTC).isoformat(timespec="seconds")
+            click.echo(f"{client.identity} {journal.name} {journal.size} bytes, last written {when}")
 
 
 def list_held(connect: Callable[[], Channel], as_json: bool) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -14,22 +14,19 @@ class ByteSize(click.ParamType):  # type: ignore[type-arg]
     """A size in bytes: ``123456``, ``300M``, ``1.5G``, ``2TiB`` (K, M, G, T are powers of 1024)."""
 
     name = "size"
-    _POWERS: ClassVar[dict[str, int]] = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
 
     def __init__(self, minimum: int = 0) -> None:
         self.minimum = minimum
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        from .net.progress import parse_size
+
         if isinstance(value, int):
             return value
-        text = str(value).strip().lower().removesuffix("b").removesuffix("i")
-        unit = text[-1:] if text[-1:].isalpha() else ""
         try:
-            number = float(text[: len(text) - len(unit)])
-            power = self._POWERS[unit]
-        except (KeyError, ValueError):
+            size = parse_size(str(value))
+        except ValueError:
             self.fail(f"expected a size such as 123456, 300M or 1.5G, got {value!r}", param, ctx)
-        size = int(number * 1024**power) if 0 <= number < 1e18 else -1  # not nan, inf or negative
         if size < self.minimum:
             self.fail(f"expected a size of at least {self.minimum}, got {value!r}", param, ctx)
         return size

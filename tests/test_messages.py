@@ -1,18 +1,24 @@
-"""The session protocol's parsers and the resume token's, against every malformed input (issue 11, finding 4).
+"""The session protocol's parsers and the resume token's, against every malformed input (issue 11, finding 4);
+and the options every object-store command takes (issue 24, finding 14).
 
 Rule: a parser returns typed values or raises our own error (SessionError,
-ResumeError for tokens); nothing else, whatever the bytes.
+ResumeError for tokens); nothing else, whatever the bytes. An option gets a
+one-line error that names it, never a traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.net import CMD
 from support.streams import FIXTURES
 
 from sendstream.errors import ResumeError, SessionError
@@ -222,3 +228,34 @@ def test_random_json(obj: Any, parser: Any) -> None:
 def test_random_tokens(payload: bytes) -> None:
     with contextlib.suppress(ResumeError):
         read_token(token(payload), KEY)
+
+
+# --endpoint-url: every command that takes it checks it before anything else happens
+
+ARCHIVE = "s3://bucket1/host1"
+FULL = FIXTURES / "rich-full-v2.stream"
+UUID = "0" * 8 + "-0000-0000-0000-" + "0" * 12
+ENDPOINT_COMMANDS = {
+    "send": ["send", "--to", ARCHIVE, str(FULL)],
+    "restore": ["restore", f"{ARCHIVE}/{UUID}", "-o", "OUT"],
+    "verify": ["verify", ARCHIVE],
+    "archive-ls": ["archive", "ls", ARCHIVE],
+    "archive-prune": ["archive", "prune", ARCHIVE, "--keep-last", "1"],
+}
+
+
+@pytest.mark.parametrize("endpoint", ["garbage", "http://[::1", "http://127.0.0.1:99999", "ftp://127.0.0.1"])
+@pytest.mark.parametrize("command", ENDPOINT_COMMANDS.values(), ids=ENDPOINT_COMMANDS.keys())
+def test_a_bad_endpoint_url_is_one_line_naming_the_option(tmp_path: Path, command: list[str], endpoint: str) -> None:
+    argv = [str(tmp_path / "out") if a == "OUT" else a for a in command]
+    result = subprocess.run([*CMD, *argv, "--endpoint-url", endpoint], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1 and f"--endpoint-url {endpoint!r}: expected http://" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bad_endpoint_from_the_environment_is_one_line_naming_it() -> None:
+    env = {**os.environ, "AWS_ENDPOINT_URL": "http://[::1"}
+    result = subprocess.run([*CMD, "archive", "ls", ARCHIVE], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "the S3 endpoint of AWS_ENDPOINT_URL or the AWS config: Invalid IPv6 URL" in result.stderr

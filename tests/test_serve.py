@@ -8,7 +8,10 @@ import hashlib
 import io
 import json
 import os
+import queue
 import re
+import shlex
+import shutil
 import signal
 import socket
 import stat
@@ -298,17 +301,68 @@ def test_a_client_over_its_limit_is_told_busy(tmp_path: Path) -> None:
         ('[clients.alpha]\nkey = "k"\n', ":1", "clients.alpha: expected one of store (stream files) or receive"),
         ('[clients.alpha]\nkey = "k"\nstore = "p"\nreceive = "p"\n', ":1", "not both nor neither"),
         ('[clients.alpha]\nkey = "k"\nreceive = "p"\n', ":3", "not on btrfs"),
-        ('[clients.alpha]\nkey = "k"\nstore = "p"\n[clients.beta]\nkey = "k"\nstore = "p/in"\n', ":6", "is inside"),
+        ('[clients.alpha]\nkey = "k"\nstore = "p"\n[clients.beta]\nkey = "k2"\nstore = "p/in"\n', ":6", "is inside"),
         ('[clients.alpha]\nkey = "k"\nstore = "p"\nwho = 1\n', ":4", "unknown setting 'who'"),
         ('[clients.alpha]\nkey = "k"\nstore = "p"\ntrusted = ["lan"]\n', ":4", "'lan' is not an address or a network"),
         ('[clients.alpha]\nkey = "k"\nstore = "p"\ntrusted = "10.0.0.1"\n', ":4", "expected a list of addresses"),
         (
             '[clients.alpha]\nkey = "k"\nstore = "p"\ntrusted = ["10.1.0.0/16"]\n'
-            '[clients.beta]\nkey = "k"\nstore = "q"\ntrusted = ["10.1.2.3"]\n',
+            '[clients.beta]\nkey = "k2"\nstore = "q"\ntrusted = ["10.1.2.3"]\n',
+            ":8",
+            "clients.beta.trusted '10.1.2.3/32' overlaps clients.alpha.trusted '10.1.0.0/16'",
+        ),
+        (
+            '[clients.alpha]\nkey = "k"\nstore = "p"\ntrusted = ["::ffff:10.1.0.0/112"]\n'
+            '[clients.beta]\nkey = "k2"\nstore = "q"\ntrusted = ["10.1.2.3"]\n',
             ":8",
             "clients.beta.trusted '10.1.2.3/32' overlaps clients.alpha.trusted '10.1.0.0/16'",
         ),
         ("", "", "no clients"),
+        ("x = " + "[" * 100_000 + "]" * 100_000 + "\n", "", "not TOML: arrays or tables nested too deeply"),
+        ("max_transfers = " + "9" * 5000 + "\n", ":1", "not TOML: an integer of more than 4300 digits"),
+        ("max_transfers = 0x" + "f" * 5000 + "\n", ":1", "from 1 to 4096, got an integer of 20000 bits"),
+        (
+            '[clients.alpha]\nkey = "k\\u0000x"\nstore = "p"\n',
+            ":2",
+            "clients.alpha.key: expected a non-empty string without NUL",
+        ),
+        (
+            '[clients.alpha]\nkey = "k"\nstore = "p\\u0000x"\n',
+            ":3",
+            "clients.alpha.store: expected a non-empty string without NUL",
+        ),
+        (
+            '[clients.alpha]\nkey = "k"\nreceive = "p\\u0000"\n',
+            ":3",
+            "clients.alpha.receive: expected a non-empty string without NUL",
+        ),
+        (
+            '[clients.alpha]\nkey = "k"\nstore = "p"\n[clients.beta]\nkey = "./k"\nstore = "q"\n',
+            ":5",
+            "/k' is also clients.alpha's key file: each client needs a key of its own",
+        ),
+        (
+            '[clients.alpha]\nkey = "k"\nstore = "p"\n[clients.beta]\nkey = "k-copy"\nstore = "q"\n',
+            ":5",
+            "k-copy' holds the same key as clients.alpha's",
+        ),
+        (
+            'listen = "[::1:7000"\n[clients.alpha]\nkey = "k"\nstore = "p"\n',
+            ":1",
+            "listen: expected HOST:PORT or [IPv6]:PORT, got '[::1:7000'",
+        ),
+        (
+            '[clients.alpha]\nkey = "k"\nstore = "p"\nquota = "lots"\n',
+            ":4",
+            "clients.alpha.quota: expected a size in bytes",
+        ),
+        (
+            '[clients.alpha]\nkey = "k"\nstore = "s3://bucket/x"\nquota = "5G"\n',
+            ":4",
+            "clients.alpha.quota: only for a directory",
+        ),
+        ("journal_days = -1\n", ":1", "journal_days: expected days from 0.0 to 3650.0, got -1"),
+        ("#" + "x" * (1 << 20) + "\n", "", "larger than 1048576 bytes: not a configuration"),
     ],
     ids=[
         "unknown-setting",
@@ -329,23 +383,63 @@ def test_a_client_over_its_limit_is_told_busy(tmp_path: Path) -> None:
         "trusted-not-an-address",
         "trusted-not-a-list",
         "trusted-overlap",
+        "trusted-mapped-overlap",
         "no-clients",
+        "deep-nesting",
+        "5000-digits",
+        "20000-bits",
+        "nul-in-key",
+        "nul-in-store",
+        "nul-in-receive",
+        "one-key-file-two-clients",
+        "one-key-two-files",
+        "listen-unclosed-bracket",
+        "quota-not-a-size",
+        "quota-of-a-bucket",
+        "journal-days-negative",
+        "over-1-MiB",
     ],
 )
 def test_check_config_names_the_line_and_what_is_wrong(tmp_path: Path, body: str, where: str, message: str) -> None:
     key_file(tmp_path / "k")
+    key_file(tmp_path / "k2")
+    (tmp_path / "k-copy").write_bytes((tmp_path / "k").read_bytes())
+    (tmp_path / "k-copy").chmod(0o600)
     (tmp_path / "open.key").write_bytes(os.urandom(32))
     (tmp_path / "open.key").chmod(0o644)
     (tmp_path / "p" / "in").mkdir(parents=True)
     (tmp_path / "q").mkdir()
     config = tmp_path / "serve.toml"
-    config.write_text('listen = "127.0.0.1:7000"\n' + body if "listen" not in body and "lisen" not in body else body)
-    offset = 0 if "lisen" in body else 1  # the listen line comes first
+    own = "listen" in body or "lisen" in body
+    config.write_text(body if own else 'listen = "127.0.0.1:7000"\n' + body)
+    offset = 0 if own else 1  # the listen line comes first
     result = subprocess.run([*CMD, "serve", "--config", str(config), "--check-config"], capture_output=True)
     text = result.stderr.decode()
     assert result.returncode == 2 and "Traceback" not in text, text
     line = f":{int(where[1:]) + offset}" if where else ""
     assert f"{config}{line}: " in text and message in text, text
+
+
+def test_check_config_names_ext4_among_ext2_3_4(tmp_path: Path) -> None:
+    """statfs gives ext2, ext3 and ext4 one magic number, which `stat -f` calls ext2/ext3: a receive place on
+    a real ext4 (a loop device, mounted in a mount namespace of the check's own) is said to be on ext2/3/4."""
+    if os.geteuid() != 0 or not shutil.which("mkfs.ext4") or not shutil.which("unshare"):
+        pytest.skip("needs root, mkfs.ext4 and unshare")
+    image, place = tmp_path / "ext4.img", tmp_path / "place"
+    subprocess.run(["truncate", "-s", "16M", str(image)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", str(image)], check=True)
+    place.mkdir()
+    key_file(tmp_path / "k")
+    config = tmp_path / "serve.toml"
+    config.write_text(f'listen = "127.0.0.1:7000"\n[clients.alpha]\nkey = "k"\nreceive = "{place}"\n')
+    check = shlex.join([*CMD, "serve", "--config", str(config), "--check-config"])
+    mounted = f"mount -o loop {shlex.quote(str(image))} {shlex.quote(str(place))} && {check}"  # gone with it
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", mounted], capture_output=True
+    )
+    text = result.stderr.decode()
+    assert result.returncode == 2 and "Traceback" not in text, text
+    assert f"{config}:4: clients.alpha.receive: '{place}' is on ext2/3/4, not on btrfs" in text, text
 
 
 def test_check_config_says_ok(tmp_path: Path) -> None:
@@ -386,6 +480,22 @@ def test_a_trusted_client_sends_unencrypted_from_its_addresses_only(tmp_path: Pa
     assert any(e["event"] == "refused" and "unencrypted from 127.0.0.1" in str(e["reason"]) for e in events(proc))
 
 
+def test_a_trusted_ipv4_mapped_network_is_its_ipv4_network(tmp_path: Path) -> None:
+    """`::ffff:127.0.0.0/104` is taken as 127.0.0.0/8: on a dual-stack socket (`*`) a plain sender from
+    127.0.0.1 (seen as ::ffff:127.0.0.1) gets in, where the mapped network could never match before."""
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    text = config.read_text().replace(f"127.0.0.1:{port}", f"*:{port}")
+    config.write_text(
+        text.replace('store = "places/alpha"\n', 'store = "places/alpha"\ntrusted = ["::ffff:127.0.0.0/104"]\n')
+    )
+    with service(config, port) as proc:
+        plain = send(port, tmp_path, "alpha", FULL, "--tls", "none")
+    assert plain.returncode == 0, plain.stderr
+    assert stored(tmp_path, "alpha")[name_of(FULL)] == FULL.read_bytes()
+    assert any(e["event"] == "client" and e.get("trusted") == "127.0.0.0/8" for e in events(proc))
+
+
 # into btrfs receive: real btrfs on a loop device
 
 
@@ -406,14 +516,15 @@ def _received_uuid(path: Path) -> str:
     return next(line.split()[-1] for line in shown.stdout.splitlines() if "Received UUID" in line)
 
 
-def _receive_config(tmp_path: Path, mnt: Path, port: int, clients: tuple[str, ...]) -> Path:
-    """A service whose ``clients`` each receive into a directory of their name on ``mnt``."""
+def _receive_config(tmp_path: Path, mnt: Path, port: int, clients: tuple[str, ...], extra: str = "") -> Path:
+    """A service whose ``clients`` each receive into a directory of their name on ``mnt`` (``extra``: more
+    settings of each)."""
     (tmp_path / "keys").mkdir(exist_ok=True)
     text = f'listen = "127.0.0.1:{port}"\n'
     for name in clients:
         (mnt / name).mkdir()
         key_file(tmp_path / "keys" / f"{name}.key")
-        text += f'[clients.{name}]\nkey = "keys/{name}.key"\nreceive = "{mnt / name}"\n'
+        text += f'[clients.{name}]\nkey = "keys/{name}.key"\nreceive = "{mnt / name}"\n{extra}\n'
     config = tmp_path / "serve.toml"
     config.write_text(text)
     return config
@@ -909,3 +1020,151 @@ def test_a_killed_service_resumes_into_btrfs_receive(tmp_path: Path) -> None:
         assert sorted(os.listdir(mnt / "alpha")) == ["one", "two"]  # no journal left
         transfer = next(e for e in events(proc) if e["event"] == "transfer")
         assert 2 << 20 < int(transfer["resumed"]) < streams[0].stat().st_size  # type: ignore[call-overload]
+
+
+# journals of abandoned transfers: expired, listed, removed, bounded by a quota (issue 24, finding 23)
+
+
+def _abandon(port: int, tmp_path: Path, stream: Path) -> str:
+    """A resumable send of ``stream`` whose input ends inside a command: the service keeps its journal, with a
+    checkpoint at the last command that came. The journal's stream name."""
+    cut = tmp_path / "cut.stream"
+    data = stream.read_bytes()
+    cut.write_bytes(data[: len(data) // 2 + 7])
+    result = send(port, tmp_path, "alpha", cut, "--resumable")
+    assert result.returncode == 3, result.stderr
+    return name_of(stream)
+
+
+def _journal_files(place: Path) -> list[str]:
+    return sorted(p.name for p in place.iterdir() if ".incoming" in p.name)
+
+
+def test_a_quota_refuses_a_full_place_and_cuts_a_stream_that_would_pass_it(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    config.write_text(config.read_text() + 'quota = "1M"\n')
+    place = tmp_path / "places" / "alpha"
+    big = tmp_path / "big.stream"
+    big.write_bytes(FULL.read_bytes() * 8)  # 2.2 MB
+    with service(config, port) as proc:
+        first = send(port, tmp_path, "alpha", FULL, "--resumable")
+        cut = send(port, tmp_path, "alpha", big, "--resumable")
+        (place / "admin's file").write_bytes(bytes(1 << 20))
+        refused = send(port, tmp_path, "alpha", INCR, "--resumable")
+    assert first.returncode == 0, first.stderr
+    assert cut.returncode == 8, cut.stderr
+    assert b"limit reached: alpha: the stream would pass its place's quota after " in cut.stderr, cut.stderr
+    assert b"(the limit is 1048576; clients.alpha.quota in serve.toml raises it)" in cut.stderr
+    assert refused.returncode == 8, refused.stderr
+    assert re.search(rb"alpha: its place holds \d+ bytes, its whole quota", refused.stderr), refused.stderr
+    assert sorted(stored(tmp_path, "alpha")) == sorted([name_of(FULL), name_of(FULL) + ".json", "admin's file"])
+    log = events(proc)
+    assert [e["code"] for e in log if e["event"] == "failed"] == [8, 8], log
+
+
+def test_a_journal_whose_checkpoint_lies_past_its_part_is_discarded(tmp_path: Path) -> None:
+    """Its stream's resumable sends failed for ever ("fewer than the N its resume state says"); now the
+    journal goes, the service says so, and the stream is stored whole."""
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    place = tmp_path / "places" / "alpha"
+    big = tmp_path / "big.stream"
+    big.write_bytes(FULL.read_bytes() * 4)
+    with service(config, port) as proc:
+        name = _abandon(port, tmp_path, big)
+        os.truncate(place / f".{name}.incoming.part", 1000)
+        again = send(port, tmp_path, "alpha", big, "--resumable")
+    assert again.returncode == 0, again.stderr
+    assert stored(tmp_path, "alpha")[name] == big.read_bytes() and not _journal_files(place)
+    discarded = [e for e in events(proc) if e["event"] == "discarded"]
+    assert len(discarded) == 1 and discarded[0]["journal"] == name, discarded
+    assert "lies past the end of its part (1000 bytes)" in str(discarded[0]["reason"])
+
+
+def test_journals_expire_by_the_services_clock(tmp_path: Path) -> None:
+    """journal_days = 2: a sweep at start and every hour of the service's clock (here one the test moves)
+    removes the journals not written for two days."""
+    from sendstream.service.config import load
+    from sendstream.service.server import SWEEP_SECONDS, EventLog, Service
+
+    port = free_port()
+    config = write_config(tmp_path, port, "journal_days = 2", clients=("alpha",))
+    place = tmp_path / "places" / "alpha"
+    with service(config, port):
+        name = _abandon(port, tmp_path, FULL)
+    assert len(_journal_files(place)) == 2
+    lines: queue.Queue[dict[str, object]] = queue.Queue()
+
+    class Lines:
+        def write(self, text: str) -> None:
+            lines.put(json.loads(text))
+
+        def flush(self) -> None:
+            pass
+
+    now = time.time()
+    stop = threading.Event()
+    served = Service(load(str(config)), EventLog(Lines(), "json"), clock=lambda: now)  # type: ignore[arg-type]
+    thread = threading.Thread(target=served.run, args=(stop,))
+    thread.start()
+    try:
+        seen = [lines.get(timeout=30) for _ in range(2)]
+        assert [e["event"] for e in seen] == ["client", "listening"]
+        now += 2 * 86400 + SWEEP_SECONDS
+        expired = lines.get(timeout=30)
+    finally:
+        stop.set()
+        thread.join()
+    assert expired["event"] == "expired" and expired["journal"] == name and float(expired["days"]) >= 2, expired
+    assert not _journal_files(place)
+
+
+def test_expired_journals_are_those_older_than_the_age(tmp_path: Path) -> None:
+    from sendstream.service.config import load
+    from sendstream.service.journals import expired
+
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    with service(config, port):
+        name = _abandon(port, tmp_path, FULL)
+    client = load(str(config)).clients["alpha"]
+    written = max(p.stat().st_mtime for p in (tmp_path / "places" / "alpha").glob(".*.incoming.*"))
+    assert expired(client, 86400, written + 86399) == []
+    assert [j.name for j in expired(client, 86400, written + 86401)] == [name]
+
+
+def test_an_admin_lists_and_removes_journals(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha", "beta"))
+    place = tmp_path / "places" / "alpha"
+    with service(config, port):
+        name = _abandon(port, tmp_path, FULL)
+    size = sum(p.stat().st_size for p in place.glob(".*.incoming.*"))
+    serve = [*CMD, "serve", "--config", str(config)]
+    listed = subprocess.run([*serve, "--journals"], capture_output=True, text=True)
+    assert listed.returncode == 0 and re.fullmatch(
+        rf"alpha {re.escape(name)} {size} bytes, last written \d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00\n", listed.stdout
+    ), listed
+    wrong = subprocess.run([*serve, "--remove-journal", f"beta/{name}"], capture_output=True, text=True)
+    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1, wrong.stderr
+    assert f"no journal of {name!r} in beta's place" in wrong.stderr and len(_journal_files(place)) == 2
+    removed = subprocess.run([*serve, "--remove-journal", f"alpha/{name}"], capture_output=True, text=True)
+    assert removed.returncode == 0 and removed.stdout == f"removed alpha/{name} ({size} bytes)\n", removed
+    assert not _journal_files(place)
+    assert subprocess.run([*serve, "--journals"], capture_output=True, text=True).stdout == ""
+
+
+@pytest.mark.btrfs
+def test_a_quota_cuts_a_stream_into_btrfs_receive(tmp_path: Path) -> None:
+    """Into `btrfs receive` the quota counts the journal as it grows: past it the transfer is cut, and the
+    subvolume it began and its journal go."""
+    need_root_btrfs()
+    with btrfs_loop("256M") as mnt:
+        port = free_port()
+        config = _receive_config(tmp_path, mnt, port, ("alpha",), 'quota = "100K"')
+        with service(config, port):
+            cut = send(port, tmp_path, "alpha", FULL, "--resumable")
+        assert cut.returncode == 8, cut.stderr
+        assert b"alpha: the stream would pass its place's quota" in cut.stderr, cut.stderr
+        assert os.listdir(mnt / "alpha") == []

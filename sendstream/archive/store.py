@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -60,9 +61,33 @@ def connect(endpoint_url: str | None = None) -> Any:
         from botocore.config import Config
     except ImportError:
         raise e.UsageError("s3:// needs boto3: pip install 'sendstream[s3]'") from None
+    if endpoint_url is not None:
+        _check_endpoint(endpoint_url)
     config = Config(max_pool_connections=POOL, retries={"max_attempts": 5, "mode": "standard"})
     with calling("s3://"):
-        return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+        try:
+            return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+        except ValueError as exc:  # botocore's word on an endpoint, ours or one from AWS_ENDPOINT_URL or ~/.aws
+            given = (
+                f"--endpoint-url {endpoint_url!r}"
+                if endpoint_url
+                else "the S3 endpoint of AWS_ENDPOINT_URL or the AWS config"
+            )
+            raise e.UsageError(f"{given}: {exc}") from None
+
+
+def _check_endpoint(url: str) -> None:
+    """``--endpoint-url``: ``http(s)://HOST[:PORT][/PATH]``, or a one-line error naming it."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # an unclosed '[', a port out of range or not a number
+        ok = False
+    if not ok:
+        raise e.UsageError(
+            f"--endpoint-url {url!r}: expected http:// or https://, a host and maybe a port "
+            "(http://127.0.0.1:8333, https://[::1]:9000)"
+        )
 
 
 @contextlib.contextmanager

@@ -88,6 +88,8 @@ class Address:
             raise e.UsageError(f"expected HOST:PORT, got {text!r}")
         if host.startswith("[") and host.endswith("]"):
             host = host[1:-1]
+        if "[" in host or "]" in host:
+            raise e.UsageError(f"expected HOST:PORT or [IPv6]:PORT, got {text!r}")
         if not host:
             raise e.UsageError(f"no host in {text!r}: name one (or '*' to listen on every address)")
         if host == "*":

@@ -8,10 +8,12 @@
     max_per_client = 2
     handshake_timeout = 30          # seconds for the handshake and the first words
     idle_timeout = 600              # seconds without a byte from a sender
+    journal_days = 7                # an abandoned transfer's journal goes after this many days (0: never)
 
     [clients.web1]                  # the name is the client's PSK identity
     key = "keys/web1.key"           # relative to this file's directory
     store = "/srv/streams/web1"     # stream files, each with a JSON manifest (or s3://BUCKET/PREFIX)
+    quota = "500G"                  # the most its place may hold: streams, manifests, journals
 
     [clients.db1]
     key = "keys/db1.key"
@@ -24,6 +26,9 @@ came from), never from anything the client sends. Names are checked
 (letters, digits, ``.``, ``_``, ``-``; no leading dot), and no client's
 place may hold another's. :func:`load` raises :class:`ConfigError` naming
 the file, the line and what was expected.
+
+A trusted IPv4-mapped network (``::ffff:10.0.0.0/104``) is taken as the IPv4
+network it maps (``10.0.0.0/8``): a peer's mapped address is taken as IPv4.
 """
 
 from __future__ import annotations
@@ -41,16 +46,20 @@ from typing import Any
 from ..archive.store import Location
 from ..errors import KeyFileError, UsageError
 from ..net.address import Address
+from ..net.progress import parse_size
 from ..net.tls import MODES
 from ..net.tls.keys import load_key
 
 IDENTITY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _INTEGERS = {"max_transfers": (1, 4096, 16), "max_per_client": (1, 4096, 2)}
 _SECONDS = {"handshake_timeout": (0.1, 3600.0, 30.0), "idle_timeout": (0.0, 86400.0, 600.0)}
-_TOP = {"listen", "tls", "clients", *_INTEGERS, *_SECONDS}
-_CLIENT = {"key", "store", "receive", "trusted"}
+_DAYS = {"journal_days": (0.0, 3650.0, 7.0)}
+_TOP = {"listen", "tls", "clients", *_INTEGERS, *_SECONDS, *_DAYS}
+_CLIENT = {"key", "store", "receive", "trusted", "quota"}
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _BTRFS = "btrfs"
+_MAX_SIZE = 1 << 20  # of the file
+_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
 
 
 class ConfigError(UsageError):
@@ -72,6 +81,7 @@ class Client:
     place: str
     receive: bool = False
     trusted: tuple[Network, ...] = ()  # where it may connect from without TLS
+    quota: int | None = None  # bytes its place may hold (None: no bound)
 
     @property
     def archive(self) -> bool:
@@ -91,6 +101,7 @@ class Config:
     max_per_client: int
     handshake_timeout: float
     idle_timeout: float | None  # None: for ever (0 in the file)
+    journal_max_age: float | None = None  # seconds an abandoned journal is kept; None: for ever (0 in the file)
 
     def key_of(self, identity: str) -> bytes | None:
         """The key of a configured client (None for anyone else): the TLS server's lookup."""
@@ -139,9 +150,11 @@ def load(path: str, warn: Callable[[str], object] | None = None) -> Config:
     """Read and check the configuration at ``path``: every key file is read, every place must exist."""
     try:
         with open(path, "rb") as f:
-            raw = f.read(1 << 20)
+            raw = f.read(_MAX_SIZE + 1)
     except OSError as exc:
         raise ConfigError(path, f"cannot read the configuration: {exc.strerror}") from exc
+    if len(raw) > _MAX_SIZE:
+        raise ConfigError(path, f"larger than {_MAX_SIZE} bytes: not a configuration")
     try:
         text = raw.decode("utf-8")
         data = tomllib.loads(text)
@@ -150,12 +163,18 @@ def load(path: str, warn: Callable[[str], object] | None = None) -> Config:
     except tomllib.TOMLDecodeError as exc:
         line = re.search(r"line (\d+)", str(exc))
         raise ConfigError(f"{path}:{line.group(1)}" if line else path, f"not TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(path, "not TOML: arrays or tables nested too deeply to read") from None
+    except ValueError:  # the only one tomllib lets through: int() of a decimal past Python's 4300 digits
+        digits = re.search(r"\d[\d_]{4300,}", text)
+        where = f"{path}:{text.count(chr(10), 0, digits.start()) + 1}" if digits else path
+        raise ConfigError(where, "not TOML: an integer of more than 4300 digits") from None
     lines = _Lines(path, text)
     base = os.path.dirname(os.path.abspath(path))
     for key in data:
         if key not in _TOP:
             known = ", ".join(sorted(_TOP))
-            raise ConfigError(lines.at(None, key), f"unknown setting {key!r}; expected one of {known}")
+            raise ConfigError(lines.at(None, key), f"unknown setting {_shown(key)}; expected one of {known}")
     listen = _text(data, "listen", lines, None)
     try:
         address = Address.parse(listen, listen=True)
@@ -166,16 +185,17 @@ def load(path: str, warn: Callable[[str], object] | None = None) -> Config:
         modes = ", ".join(m for m in MODES if m != "none")
         raise ConfigError(
             lines.at(None, "tls"),
-            f"tls: expected one of {modes}, got {tls!r} (a client may send unencrypted from its trusted addresses)",
+            f"tls: expected one of {modes}, got {_shown(tls)} "
+            "(a client may send unencrypted from its trusted addresses)",
         )
     numbers: dict[str, Any] = {}
-    for key, (low, high, default) in {**_INTEGERS, **_SECONDS}.items():
+    for key, (low, high, default) in {**_INTEGERS, **_SECONDS, **_DAYS}.items():
         value = data.get(key, default)
         integer = key in _INTEGERS
         kinds = int if integer else (int, float)
         if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
-            kind = "a whole number" if integer else "seconds"
-            raise ConfigError(lines.at(None, key), f"{key}: expected {kind} from {low} to {high}, got {value!r}")
+            kind = "a whole number" if integer else "days" if key in _DAYS else "seconds"
+            raise ConfigError(lines.at(None, key), f"{key}: expected {kind} from {low} to {high}, got {_shown(value)}")
         numbers[key] = value
     clients = _clients(data.get("clients"), lines, base, warn)
     return Config(
@@ -187,15 +207,24 @@ def load(path: str, warn: Callable[[str], object] | None = None) -> Config:
         max_per_client=numbers["max_per_client"],
         handshake_timeout=float(numbers["handshake_timeout"]),
         idle_timeout=float(numbers["idle_timeout"]) or None,
+        journal_max_age=numbers["journal_days"] * 86400.0 or None,
     )
+
+
+def _shown(value: Any) -> str:
+    """``value`` for a message: its repr, cut short (an integer too long for one, by its size)."""
+    if isinstance(value, int) and value.bit_length() > 200:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _text(table: dict[str, Any], key: str, lines: _Lines, name: str | None) -> str:
     value = table.get(key)
-    if not isinstance(value, str) or not value:
+    if not isinstance(value, str) or not value or "\0" in value:
         what = f"clients.{name}.{key}" if name else key
         where = lines.at(("clients", name) if name else None, key if key in table else None)
-        raise ConfigError(where, f"{what}: expected a non-empty string, got {value!r}")
+        raise ConfigError(where, f"{what}: expected a non-empty string without NUL, got {_shown(value)}")
     return value
 
 
@@ -203,12 +232,13 @@ def _clients(table: Any, lines: _Lines, base: str, warn: Callable[[str], object]
     if not isinstance(table, dict) or not table:
         raise ConfigError(lines.path, "no clients: add a [clients.NAME] table for each (NAME is its PSK identity)")
     clients: dict[str, Client] = {}
+    keys: dict[bytes, tuple[str, str]] = {}  # each key, and the client and file it came from
     for name, settings in table.items():
         where = lines.at(("clients", name))
         if not IDENTITY.fullmatch(name):
             raise ConfigError(
                 where,
-                f"client name {name!r}: expected 1 to 64 letters, digits, '.', '_' or '-', "
+                f"client name {_shown(name)}: expected 1 to 64 letters, digits, '.', '_' or '-', "
                 "not starting with '.' or '-' (it names the client's PSK identity and its place)",
             )
         if not isinstance(settings, dict):
@@ -217,13 +247,26 @@ def _clients(table: Any, lines: _Lines, base: str, warn: Callable[[str], object]
             if key not in _CLIENT:
                 raise ConfigError(
                     lines.at(("clients", name), key),
-                    f"clients.{name}: unknown setting {key!r}; expected {', '.join(sorted(_CLIENT))}",
+                    f"clients.{name}: unknown setting {_shown(key)}; expected {', '.join(sorted(_CLIENT))}",
                 )
         key_path = os.path.join(base, _text(settings, "key", lines, name))
         try:
             key = load_key(key_path, warn)
         except KeyFileError as exc:
             raise ConfigError(lines.at(("clients", name), "key"), f"clients.{name}.key: {exc}") from None
+        if key in keys:
+            other, other_path = keys[key]
+            same = (
+                f"is also clients.{other}'s key file"
+                if os.path.realpath(other_path) == os.path.realpath(key_path)
+                else f"holds the same key as clients.{other}'s {other_path!r}"
+            )
+            raise ConfigError(
+                lines.at(("clients", name), "key"),
+                f"clients.{name}.key: {key_path!r} {same}: each client needs a key of its own "
+                "(who holds it could send as either, into either's place)",
+            )
+        keys[key] = name, key_path
         if ("store" in settings) == ("receive" in settings):
             raise ConfigError(
                 lines.at(("clients", name)),
@@ -233,11 +276,17 @@ def _clients(table: Any, lines: _Lines, base: str, warn: Callable[[str], object]
         kind = "receive" if "receive" in settings else "store"
         place = _text(settings, kind, lines, name)
         trusted = _networks(settings.get("trusted", []), lines, name)
+        quota = _quota(settings, lines, name)
         if kind == "store" and place.startswith("s3://"):
             try:
                 place = Location.parse(place).url()  # the archive (the S3 endpoint and credentials: AWS_*)
             except UsageError as exc:
                 raise ConfigError(lines.at(("clients", name), kind), f"clients.{name}.store: {exc}") from None
+            if quota is not None:
+                raise ConfigError(
+                    lines.at(("clients", name), "quota"),
+                    f"clients.{name}.quota: only for a directory, not a bucket (the store's own quotas bound those)",
+                )
             clients[name] = Client(name, key, place, trusted=trusted)
             continue
         place = os.path.realpath(os.path.join(base, place))
@@ -247,7 +296,7 @@ def _clients(table: Any, lines: _Lines, base: str, warn: Callable[[str], object]
             raise ConfigError(
                 lines.at(("clients", name), kind), f"clients.{name}.receive: {place!r} is on {fs}, not on btrfs"
             )
-        clients[name] = Client(name, key, place, kind == "receive", trusted)
+        clients[name] = Client(name, key, place, kind == "receive", trusted, quota)
     _no_overlap(clients, lines)
     _one_client_per_address(clients, lines)
     return clients
@@ -257,16 +306,41 @@ def _networks(value: Any, lines: _Lines, name: str) -> tuple[Network, ...]:
     """``trusted``: addresses or networks (``10.1.2.3``, ``10.1.0.0/16``, ``fd00::/8``)."""
     where = lines.at(("clients", name), "trusted")
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(where, f"clients.{name}.trusted: expected a list of addresses or networks, got {value!r}")
-    networks = []
+        raise ConfigError(
+            where, f"clients.{name}.trusted: expected a list of addresses or networks, got {_shown(value)}"
+        )
+    networks: list[Network] = []
     for text in value:
         try:
-            networks.append(ipaddress.ip_network(text, strict=False))
+            network = ipaddress.ip_network(text, strict=False)
         except ValueError:
             raise ConfigError(
-                where, f"clients.{name}.trusted: {text!r} is not an address or a network (10.1.2.3, 10.1.0.0/16)"
+                where, f"clients.{name}.trusted: {_shown(text)} is not an address or a network (10.1.2.3, 10.1.0.0/16)"
             ) from None
+        if isinstance(network, ipaddress.IPv6Network) and network.subnet_of(_MAPPED):
+            mapped = network.network_address.ipv4_mapped
+            network = ipaddress.IPv4Network((mapped, network.prefixlen - 96))  # a peer's address is taken so too
+        networks.append(network)
     return tuple(networks)
+
+
+def _quota(settings: dict[str, Any], lines: _Lines, name: str) -> int | None:
+    """``quota``: bytes (``500000000``) or a size (``500G``, powers of 1024); None when not set."""
+    value = settings.get("quota")
+    if value is None:
+        return None
+    try:
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise ValueError(value)
+        quota = value if isinstance(value, int) else parse_size(value)
+        if quota <= 0:
+            raise ValueError(value)
+    except ValueError:
+        raise ConfigError(
+            lines.at(("clients", name), "quota"),
+            f"clients.{name}.quota: expected a size in bytes above 0 (500000000000, 500G), got {_shown(value)}",
+        ) from None
+    return quota
 
 
 def _one_client_per_address(clients: dict[str, Client], lines: _Lines) -> None:
@@ -282,9 +356,11 @@ def _one_client_per_address(clients: dict[str, Client], lines: _Lines) -> None:
 
 
 def _file_system(path: str) -> str:
-    """The type of the file system ``path`` is on, as ``stat -f`` names it (``btrfs``)."""
-    found = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, text=True, check=False)
-    return found.stdout.strip() or "an unknown file system"
+    """The type of the file system ``path`` is on, as ``stat -f`` names it (``btrfs``), but ext2, ext3 and
+    ext4, which share one magic number, as ``ext2/3/4`` (``stat -f`` says ``ext2/ext3`` of all three)."""
+    found = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, check=False)
+    name = found.stdout.strip().decode("utf-8", "backslashreplace")
+    return "ext2/3/4" if name == "ext2/ext3" else name or "an unknown file system"
 
 
 def _no_overlap(clients: dict[str, Client], lines: _Lines) -> None:

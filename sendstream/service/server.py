@@ -34,7 +34,7 @@ from ..archive.upload import upload
 from ..io.outputs import OutputDirectory, OutputFile
 from ..io.threads import started
 from ..net.address import listen
-from ..net.journal import PART_SUFFIX, Journal, load_state, state_path
+from ..net.journal import PART_SUFFIX, Journal
 from ..net.listener import Listener, describe_peer
 from ..net.progress import NONE, Progress
 from ..net.receiving import receive_resumable
@@ -50,9 +50,11 @@ from ..ops.stored import Unnamed, manifest, stream_name
 from .config import Client, Config
 from .confine import UuidGuard, leftover
 from .held import held
+from .journals import Charge, Quota, expired, incoming_name, kept, remove
 from .metrics import Metrics, NoMetrics
 
 DRAIN_SECONDS = 30.0  # after SIGTERM, how long running transfers may take to end before they are cut
+SWEEP_SECONDS = 3600.0  # how often the places are searched for expired journals (and once at start)
 
 
 class EventLog:
@@ -88,10 +90,18 @@ def _text(value: Any) -> str:
 class Service:
     """The service of ``config``: :meth:`run` until ``stop`` is set."""
 
-    def __init__(self, config: Config, log: EventLog, metrics: Metrics | NoMetrics | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        log: EventLog,
+        metrics: Metrics | NoMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.config = config
         self.log = log
         self.metrics = metrics or NoMetrics()
+        self.clock = clock  # the wall clock journals expire by
+        self._quotas = {name: Quota(c) for name, c in config.clients.items() if c.quota is not None}
         self._lock = threading.Lock()
         self._active: dict[str, set[SessionReceiver]] = {name: set() for name in config.clients}
         self._threads: set[threading.Thread] = set()
@@ -116,8 +126,12 @@ class Service:
             )
             listener.serve()
             self.log("listening", address=f"{config.listen.host}:{server.getsockname()[1]}", tls=config.tls)
+            sweep = self.clock()
             try:
                 while not stop.is_set():
+                    if config.journal_max_age is not None and (now := self.clock()) >= sweep:
+                        sweep = now + SWEEP_SECONDS  # (from the clock read before the sweep: no sweep is lost)
+                        self.expire(config.journal_max_age)
                     opening = listener.next(0.25)
                     if opening is not None:
                         self._start(opening)
@@ -197,12 +211,22 @@ class Service:
         names: tuple[str, ...] = ()
         claims: list[str] = []
         already = False  # a stored stream sent again
+        journal, charge = None, None
         try:
             checkpoint = None
             if opening.identity is not None and not client.archive:  # (a bucket keeps no journal)
                 journal = os.path.join(client.place, incoming_name(opening.identity))
                 self._hold([f"path {journal}"], claims, client)
-                checkpoint = kept(journal, client.key, opening.identity)
+                stream = stream_name(opening.identity)
+                checkpoint = kept(
+                    journal,
+                    client.key,
+                    opening.identity,
+                    lambda why: self.log("discarded", **fields, journal=stream, reason=why),
+                )
+            if (quota := self._quotas.get(client.identity)) is not None:
+                part = os.path.basename(journal) + PART_SUFFIX if journal else None
+                charge = quota.begin(part, checkpoint.offset if checkpoint else 0)
             session = SessionReceiver(
                 opening,
                 reconnect_timeout=0.0,
@@ -219,10 +243,10 @@ class Service:
             elif client.receive:
                 child = {"say": lambda line: self.log("btrfs-receive", **fields, line=line)}
                 name, size, names = receive_into(
-                    session, client, lambda *what: self._claim(client, claims, *what), checkpoint, **child
+                    session, client, lambda *what: self._claim(client, claims, *what), checkpoint, charge, **child
                 )
             else:
-                name, size, names, already = store(session, client, opening.peer, checkpoint)
+                name, size, names, already = store(session, client, opening.peer, checkpoint, charge)
             session.answer(0, f"already stored: {name} holds these same bytes" if already else "ok")
             result = "ok"
             done = {"subvolumes": name} if client.receive else {"stream": name}
@@ -235,6 +259,8 @@ class Service:
                 seconds=round(time.monotonic() - began, 3),
             )
         except Exception as exc:
+            if charge is not None and charge.exceeded and journal is not None:
+                remove(journal)  # the same stream again would pass the quota again
             code, message = failure_status(exc)
             if session is not None:
                 with contextlib.suppress(Exception):
@@ -245,9 +271,9 @@ class Service:
             self.log("failed", **fields, seconds=round(time.monotonic() - began, 3), code=code, reason=message)
         finally:
             self.metrics.ended(client.identity, result, size, names)
-            with self._lock:
-                for claim in claims:
-                    del self._claims[claim]
+            if charge is not None:
+                charge.end()
+            self._release(claims)
             if session is not None:
                 session.close()
                 with self._lock:
@@ -281,6 +307,33 @@ class Service:
             for claim in wanted:
                 self._claims[claim] = client.identity
                 claims.append(claim)
+
+    def _release(self, claims: list[str]) -> None:
+        with self._lock:
+            for claim in claims:
+                del self._claims[claim]
+
+    def expire(self, max_age: float) -> None:
+        """Remove the journals not written for ``max_age`` seconds (by :attr:`clock`) that no transfer holds."""
+        now = self.clock()
+        for client in self.config.clients.values():
+            try:
+                old = expired(client, max_age, now)
+            except OSError as exc:
+                self.log("failed", client=client.identity, reason=f"searching {client.place} for journals: {exc}")
+                continue
+            for journal in old:
+                claims: list[str] = []
+                try:
+                    self._hold([f"path {journal.path}"], claims, client)
+                except e.SessionError:
+                    continue  # its sender came back meanwhile
+                try:
+                    remove(journal.path)
+                finally:
+                    self._release(claims)
+                days = round((now - journal.written) / 86400, 1)
+                self.log("expired", client=client.identity, journal=journal.name, bytes=journal.size, days=days)
 
     def _drain(self) -> None:
         deadline = time.monotonic() + DRAIN_SECONDS
@@ -329,28 +382,12 @@ def _unencrypted(sock: socket.socket, config: Config) -> Channel:
     return channel
 
 
-def incoming_name(identity: dict[str, Any]) -> str:
-    """The hidden name a session's stream is journaled under in its client's place, until it is whole."""
-    return f".{stream_name(identity)}.incoming"
-
-
-def kept(journal: str, key: bytes, identity: dict[str, Any]) -> Checkpoint | None:
-    """The durable checkpoint of an earlier run of the transfer of stream ``identity`` to ``journal``; None
-    when there is none (what another stream of that name left is removed)."""
-    try:
-        checkpoint = load_state(journal, key)
-    except e.ResumeError:
-        return None
-    if checkpoint.stream != identity:
-        for leftover in (state_path(journal), journal + PART_SUFFIX):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(leftover)
-        return None
-    return checkpoint
-
-
 def store(
-    session: SessionReceiver, client: Client, peer: str, checkpoint: Checkpoint | None = None
+    session: SessionReceiver,
+    client: Client,
+    peer: str,
+    checkpoint: Checkpoint | None = None,
+    charge: Charge | None = None,
 ) -> tuple[str, int, tuple[str, ...], bool]:
     """Check and write the stream of ``session`` into ``client``'s place; once stored, its file name, its
     size, the name of its snapshot, and whether these same bytes were stored under that name already.
@@ -359,11 +396,12 @@ def store(
     resume state signed with the client's key), so that the same stream sent again continues from
     ``checkpoint``, the last one of an earlier run; a raw stream goes to a hidden temporary file. Write
     errors name the stream (a raw one: its place, until its first command names it); on any failure
-    nothing is left under the stream's name (:func:`_named`).
+    nothing is left under the stream's name (:func:`_named`). What is written is counted by ``charge``
+    first (against the client's quota).
     """
     progress = Progress("received", mode=NONE)
     ledger = Ledger(checkpoint)
-    taken = _Taken(client.place)  # the whole stream, as it is written (a resumed one: its kept part first)
+    taken = _Taken(client.place, charge)  # the whole stream, as written (a resumed one: its kept part first)
 
     with OutputDirectory(os.path.join(client.place, "incoming.stream")) as place:
         if session.raw:
@@ -401,19 +439,22 @@ class _Taken:
     """The bytes of a stream :func:`store` wrote: counted and hashed as they are written; ``shown`` is
     the stream's path as errors name it (its place, until its name is known)."""
 
-    def __init__(self, shown: str) -> None:
+    def __init__(self, shown: str, charge: Charge | None = None) -> None:
         self.digest = hashlib.sha256()
         self.size = 0
         self.shown = shown
+        self._charge = charge
 
     def add(self, data: Any) -> None:
         self.digest.update(data)
         self.size += len(data)
 
     def through(self, write: Callable[[Any], object]) -> Callable[[Any], None]:
-        """``write``, then :meth:`add` what it wrote."""
+        """``write`` (what it will write charged first), then :meth:`add` what it wrote."""
 
         def written(data: Any) -> None:
+            if self._charge is not None:
+                self._charge(len(data))
             write(data)
             self.add(data)
 
@@ -504,6 +545,7 @@ def receive_into(
     client: Client,
     claim: Callable[[uuid.UUID, str], object],
     checkpoint: Checkpoint | None = None,
+    charge: Charge | None = None,
     say: Callable[[str], object] = lambda line: None,
 ) -> tuple[str, int, tuple[str, ...]]:
     """Check the stream of ``session`` and give it to ``btrfs receive`` in ``client``'s place, its paths and
@@ -514,6 +556,7 @@ def receive_into(
     continues from ``checkpoint``: ``btrfs receive`` cannot continue what an earlier run began, so the
     subvolumes that run left are deleted and the kept part is given to a new ``btrfs receive`` again
     before the session's bytes. On any failure the subvolumes this run began are deleted; the journal stays.
+    What is written is counted by ``charge`` first (against the client's quota).
     """
     made: list[str] = []
     journal, again, ledger = None, False, None
@@ -542,6 +585,8 @@ def receive_into(
                 child.write(data)
 
             def write(data: Any) -> None:
+                if charge is not None:
+                    charge(len(data))
                 replay(data)
                 if journal is not None:
                     journal.write(data)
