@@ -54,8 +54,14 @@ def test_a_stream_is_never_read_from_a_terminal(args: list[str]) -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["repair", str(SAMPLE), "-"], ["convert", str(SAMPLE), "-"], ["receive", "--listen", "127.0.0.1:{port}"]],
-    ids=["repair", "convert", "receive"],
+    [
+        ["repair", str(SAMPLE), "-"],
+        ["convert", str(SAMPLE), "-"],
+        ["receive", "--listen", "127.0.0.1:{port}"],
+        ["restore", "s3://bucket/host/rich_base", "--endpoint-url", "http://127.0.0.1:{port}"],
+        ["restore", "s3://bucket/host/rich_base", "-o", "-", "--endpoint-url", "http://127.0.0.1:{port}"],
+    ],
+    ids=["repair", "convert", "receive", "restore", "restore-dash"],
 )
 def test_a_stream_is_never_written_to_a_terminal(args: list[str]) -> None:
     port = free_port()
