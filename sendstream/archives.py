@@ -147,10 +147,11 @@ def archive() -> None:
 @endpoint_option
 def archive_ls(url: str, as_json: bool, endpoint_url: str | None) -> None:
     """The snapshots archived, as chains: a full stream, then the incrementals that build on it."""
-    from .archive.catalog import chains, entries
+    from .archive.catalog import chains
+    from .archive.reading import archived
 
     location, s3 = where(url, endpoint_url)
-    trees = chains(entries(s3, location))
+    trees = chains(archived(s3, location))
     if as_json:
         click.echo(json.dumps([[dict(x.summary(), depth=d) for d, x in tree] for tree in trees], indent=1))
         return
@@ -169,11 +170,12 @@ def archive_ls(url: str, as_json: bool, endpoint_url: str | None) -> None:
 @endpoint_option
 def archive_prune(url: str, keep_last: int | None, since: str | None, dry_run: bool, endpoint_url: str | None) -> None:
     """Delete old streams, never one that a kept snapshot needs (its parent, up to its full stream)."""
-    from .archive.catalog import entries, keeping, plan_prune, remove
+    from .archive.catalog import keeping, plan_prune, remove
+    from .archive.reading import archived
 
     keeping(keep_last, since)  # before the store is asked anything
     location, s3 = where(url, endpoint_url)
-    kept, dropped = plan_prune(entries(s3, location), keep_last, since)
+    kept, dropped = plan_prune(archived(s3, location), keep_last, since)
     for entry in dropped:
         if not dry_run:
             remove(s3, location, entry)

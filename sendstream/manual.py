@@ -66,6 +66,7 @@ EXIT_STATUS = (
     (6, "TLS: wrong key or identity, another mode, no TLS, a cut connection, a key file others can read"),
     (7, "the command of receive --exec failed"),
     (8, "a limit was reached (the message names the option)"),
+    (9, "nothing found: no archived stream where told to look (a prefix, a snapshot)"),
     (130, "interrupted (Ctrl-C)"),
 )
 

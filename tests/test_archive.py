@@ -463,3 +463,20 @@ def test_a_chain_restored_into_btrfs_receive_is_the_direct_transfer(store: Store
         for n in (1, 2, 3):
             assert differences(mnt / "direct" / f"s{n}", mnt / "restored" / f"s{n}") == []
     assert len(entries(store.client(), Location(bucket, "host/"))) == 3
+
+
+def test_nothing_found_is_an_error_of_its_own(store: Store) -> None:
+    bucket = store.bucket()
+    assert run(store, "send", "--to", f"s3://{bucket}/host", str(FULL)).returncode == 0
+    typo, top = f"s3://{bucket}/typo", f"s3://{bucket}"
+    for url, args in (
+        (typo, ["verify", typo]),
+        (typo, ["archive", "ls", typo]),
+        (typo, ["archive", "ls", "--json", typo]),
+        (typo, ["archive", "prune", typo, "--keep-last", "1"]),
+        (top, ["verify", top]),  # only the streams directly under the prefix count
+    ):
+        found = run(store, *args)
+        (line,) = found.stderr.decode().splitlines()
+        assert found.returncode == 9 and found.stdout == b"", (args, line)
+        assert line.startswith(f"sendstream: error: {url}/: nothing is archived here"), line

@@ -27,7 +27,7 @@ from ..codec.framer import Framer
 from ..io.windows import file_events
 from ..ops.ledger import Ledger
 from ..ops.repair import Healer
-from .catalog import Entry, chain_to, entries
+from .catalog import MANIFEST_SUFFIX, Entry, chain_to, entries
 from .hashing import Hasher
 from .seal import SEAL_OVERHEAD, Sealer
 from .store import Location, calling, connect
@@ -164,13 +164,24 @@ def check(
             )
 
 
+def archived(s3: Any, location: Location) -> list[Entry]:
+    """Every stream archived directly under ``location``; none is :class:`~sendstream.errors.NothingFound`
+    (a prefix with a typo must not pass, under cron, as an archive that checks clean)."""
+    found = entries(s3, location)
+    if not found:
+        raise e.NothingFound(
+            f"{location.url()}: nothing is archived here (no NAME{MANIFEST_SUFFIX} directly under this prefix)"
+        )
+    return found
+
+
 def restore(
     s3: Any, location: Location, subvolume: str, write: Callable[[Any], object], key: Sealer | None = None
 ) -> list[Entry]:
     """Hand on every stream that makes ``subvolume`` (the full stream, then each incremental) in
     order, each command checked before it goes on, each stream held to its manifest's ledger (its
     SHA-256 is left to :func:`verify`: it would cost a third of the restore's CPU); the streams."""
-    chain = chain_to(entries(s3, location), subvolume, location)
+    chain = chain_to(archived(s3, location), subvolume, location)
     for entry in chain:
         opener(entry, location, key)  # every key is right before anything goes out
     for entry in chain:
@@ -196,7 +207,7 @@ def verify(
 ) -> Iterator[Verdict]:
     """Check every stream archived at ``location`` in place, ``workers`` (every core) at once, each in
     a process of its own with its own connection; verdicts in the archive's order as they come."""
-    found = entries(s3, location)
+    found = archived(s3, location)
     workers = workers or len(os.sched_getaffinity(0))
     context = multiprocessing.get_context("spawn")  # no fork of a process with threads and connections
     with ProcessPoolExecutor(min(workers, max(1, len(found))), mp_context=context) as pool:
