@@ -108,7 +108,7 @@ def verify_archive(
 
 
 @click.command(cls=Group.command_class)
-@click.argument("url", metavar="s3://BUCKET/PREFIX/SUBVOLUME-UUID")
+@click.argument("url", metavar="s3://BUCKET/PREFIX/SNAPSHOT")
 @click.option("-o", "--output", default=None, metavar="FILE", help="Write the streams to FILE (- for stdout).")
 @click.option("--exec", "command", default=None, metavar="CMD", help="Write the streams to the stdin of CMD (sh -c).")
 @endpoint_option
@@ -116,22 +116,28 @@ def verify_archive(
 def restore(
     url: str, output: str | None, command: str | None, endpoint_url: str | None, encrypt_key: str | None
 ) -> None:
-    """Hand on the full stream and every incremental up to snapshot SUBVOLUME-UUID, in order.
+    """Hand on the full stream and every incremental up to SNAPSHOT, in order.
 
-    Each stream is read in place with ranged GETs and every command is
-    checked before it goes on; then the stream is held to its manifest.
-    `--exec 'btrfs receive DIR'` receives the whole chain.
+    SNAPSHOT is a snapshot's name or UUID as `sendstream archive ls` shows
+    them (UUID.CTRANSID for one stream of a UUID). The chain and its keys are
+    resolved before anything starts. Each stream is read in place with
+    ranged GETs and every command is checked before it goes on; then the
+    stream is held to its manifest. `--exec 'btrfs receive DIR'` receives the
+    chain.
     """
+    from .archive.reading import resolve
     from .archive.reading import restore as restore_chain
     from .net.sinks import Target
 
-    location, s3 = where(url, endpoint_url)
-    held, subvolume = location.last()
-    if not subvolume:
-        raise e.UsageError(f"{url!r} names no snapshot: s3://BUCKET/PREFIX/SUBVOLUME-UUID")
     target = Target(output or (None if command else "-"), command, encrypted=False)
+    location, s3 = where(url, endpoint_url)
+    held, snapshot = location.last()
+    if not snapshot:
+        raise e.UsageError(f"{url!r} names no snapshot: s3://BUCKET/PREFIX/SNAPSHOT (a name or UUID)")
+    key = sealer(encrypt_key)
+    chain = resolve(s3, held, snapshot, key)  # a mistake is said here, not as "empty stream" by a child
     with target.sink(True, None, None, notify=warner()) as sink:
-        chain = restore_chain(s3, held, subvolume, sink.write, sealer(encrypt_key))
+        restore_chain(s3, held, chain, sink.write, key)
     names = ", ".join(entry.name for entry in chain)
     click.echo(f"sendstream: restored {len(chain)} stream{'s' * (len(chain) != 1)}: {names}", err=True)
 

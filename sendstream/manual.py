@@ -26,7 +26,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "btrfs send /mnt/snap | sendstream send --to s3://backups/host1 --resumable --key psk.key -",
     ),
     "restore": (
-        "sendstream restore s3://backups/host1/UUID --exec 'btrfs receive /mnt/restore'",
+        "sendstream restore s3://backups/host1/home.20261201 --exec 'btrfs receive /mnt/restore'",
         "sendstream restore s3://backups/host1/UUID -o chain.stream",
     ),
     "archive ls": ("sendstream archive ls s3://backups/host1", "sendstream archive ls --json s3://backups/host1"),

@@ -333,7 +333,7 @@ def test_a_missing_link_is_named(store: Store) -> None:
         in lost.stderr
     )
     unknown = run(store, "restore", f"s3://{bucket}/00000000-0000-0000-0000-000000000000", "-o", "-")
-    assert unknown.returncode == 2 and b"no archived stream makes snapshot" in unknown.stderr
+    assert unknown.returncode == 9 and b"no archived stream makes snapshot" in unknown.stderr
 
 
 def test_errors_of_the_store_name_the_object(store: Store) -> None:
@@ -463,6 +463,38 @@ def test_a_chain_restored_into_btrfs_receive_is_the_direct_transfer(store: Store
         for n in (1, 2, 3):
             assert differences(mnt / "direct" / f"s{n}", mnt / "restored" / f"s{n}") == []
     assert len(entries(store.client(), Location(bucket, "host/"))) == 3
+
+
+# --- the archive's commands: END held back, names, nothing found, progress, order (issue 24) ---------------------
+
+INCR = next(p for p in STREAMS if p.name == "rich-incr-v2.stream")
+
+
+def test_restore_takes_a_snapshot_s_name_and_resolves_before_the_child_starts(store: Store, tmp_path: Path) -> None:
+    bucket = store.bucket()
+    for stream in (FULL, INCR):
+        assert run(store, "send", "--to", f"s3://{bucket}/n", str(stream)).returncode == 0
+    both = run(store, "restore", f"s3://{bucket}/n/rich_incr", "-o", "-")
+    assert both.returncode == 0 and both.stdout == FULL.read_bytes() + INCR.read_bytes(), both.stderr
+    again = _changed(FULL.read_bytes(), 17)  # rich_base once more, at another ctransid
+    assert run(store, "send", "--to", f"s3://{bucket}/n", "-", data=again).returncode == 0
+    key_file(tmp_path / "k.key")
+    sealed = ["--encrypt-key", str(tmp_path / "k.key")]
+    assert run(store, "send", "--to", f"s3://{bucket}/e", str(FULL), *sealed).returncode == 0
+    f, g = stream_identity(FULL.read_bytes()), stream_identity(again)
+    marker = tmp_path / "started"
+    for url, code, words in (
+        (f"s3://{bucket}/n/rich_base", 2, f"2 archived snapshots are called 'rich_base': {f['uuid']}.{f['ctransid']}"),
+        (f"s3://{bucket}/n/rich_base", 2, f"{g['uuid']}.{g['ctransid']} (stored "),
+        (f"s3://{bucket}/n/rich_nowhere", 9, "no archived stream makes snapshot 'rich_nowhere'"),
+        (f"s3://{bucket}/n/00000000-0000-0000-0000-000000000000", 9, "no archived stream makes snapshot"),
+        (f"s3://{bucket}/typo/rich_base", 9, f"s3://{bucket}/typo/: nothing is archived here"),
+        (f"s3://{bucket}/e/{f['uuid']}", 2, "is encrypted (sha256:"),
+    ):
+        refused = run(store, "restore", url, "--exec", f"touch {marker}; cat >/dev/null")
+        err = refused.stderr.decode()
+        assert refused.returncode == code and words in err and "Traceback" not in err, (url, err)
+        assert not marker.exists() and len(err.splitlines()) == 1, (url, err)  # no child, so no "empty stream"
 
 
 def test_nothing_found_is_an_error_of_its_own(store: Store) -> None:

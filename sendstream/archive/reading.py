@@ -6,9 +6,10 @@ fetched while the one before is checked, so that a reader holds at most
 ``2 * AHEAD + 1`` of them whatever the stream's size. Every
 command is checked (framing, CRC) before it is handed on; at the end the
 size, command count and ledger must be the manifest's, and (for
-:func:`verify`) the SHA-256. :func:`restore` hands a chain on, full stream
-first; :func:`verify` checks every stream of an archive, many at once in a
-process pool.
+:func:`verify`) the SHA-256. :func:`resolve` finds the chain that makes a
+snapshot and checks its keys, before anything goes on; :func:`restore` hands
+it on, full stream first; :func:`verify` checks every stream of an archive,
+many at once in a process pool.
 """
 
 from __future__ import annotations
@@ -175,18 +176,51 @@ def archived(s3: Any, location: Location) -> list[Entry]:
     return found
 
 
-def restore(
-    s3: Any, location: Location, subvolume: str, write: Callable[[Any], object], key: Sealer | None = None
-) -> list[Entry]:
-    """Hand on every stream that makes ``subvolume`` (the full stream, then each incremental) in
-    order, each command checked before it goes on, each stream held to its manifest's ledger (its
-    SHA-256 is left to :func:`verify`: it would cost a third of the restore's CPU); the streams."""
-    chain = chain_to(archived(s3, location), subvolume, location)
+def resolve(s3: Any, location: Location, snapshot: str, key: Sealer | None = None) -> list[Entry]:
+    """The streams that make ``snapshot`` (a snapshot's name or UUID, as ``archive ls`` shows them, or
+    ``UUID.CTRANSID``), full stream first, each one's key checked: all a restore must know before it
+    starts a consumer and hands anything on."""
+    found = archived(s3, location)
+    chain = chain_to(found, _identified(found, snapshot, location), location)
     for entry in chain:
-        opener(entry, location, key)  # every key is right before anything goes out
+        opener(entry, location, key)
+    return chain
+
+
+def _identified(found: list[Entry], snapshot: str, location: Location) -> str:
+    """``snapshot`` as ``UUID.CTRANSID``: of a UUID (with or without its ctransid: the newest), else of
+    the one stream that makes the snapshot of that name (two of that name are a usage error)."""
+    uuid, _, ctransid = snapshot.partition(".")
+    matches = [x for x in found if x.uuid == uuid and ctransid in ("", str(x.ctransid))]
+    if not matches:
+        matches = [x for x in found if x.snapshot == snapshot]
+        if len(matches) > 1:
+            named = ", ".join(f"{x.uuid}.{x.ctransid} (stored {x.stored})" for x in sorted(matches, key=_age))
+            raise e.UsageError(
+                f"{location.url()}: {len(matches)} archived snapshots are called {snapshot!r}: {named}; "
+                "give one's UUID.CTRANSID"
+            )
+    if not matches:
+        raise e.NothingFound(
+            f"{location.url()}: no archived stream makes snapshot {snapshot!r} (a name, UUID or UUID.CTRANSID "
+            f"as `sendstream archive ls {location.url()}` shows them)"
+        )
+    newest = max(matches, key=lambda x: x.ctransid)
+    return f"{newest.uuid}.{newest.ctransid}"
+
+
+def _age(entry: Entry) -> tuple[str, int]:
+    return entry.stored, entry.ctransid
+
+
+def restore(
+    s3: Any, location: Location, chain: list[Entry], write: Callable[[Any], object], key: Sealer | None = None
+) -> None:
+    """Hand on the streams of ``chain`` (:func:`resolve`) in order, each command checked before it goes
+    on, each stream held to its manifest's ledger (its SHA-256 is left to :func:`verify`: it would cost a
+    third of the restore's CPU)."""
     for entry in chain:
         check(s3, location, entry, write, key, sha256=False)
-    return chain
 
 
 @dataclass(frozen=True)
