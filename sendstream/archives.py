@@ -121,12 +121,13 @@ def restore(
     SNAPSHOT is a snapshot's name or UUID as `sendstream archive ls` shows
     them (UUID.CTRANSID for one stream of a UUID). The chain and its keys are
     resolved before anything starts. Each stream is read in place with
-    ranged GETs and every command is checked before it goes on; then the
-    stream is held to its manifest. `--exec 'btrfs receive DIR'` receives the
-    chain.
+    ranged GETs and every command is checked before it goes on; its END
+    (where btrfs receive makes a snapshot read-only) goes on only once the
+    stream is its manifest's. `--exec 'btrfs receive DIR'` receives the chain.
     """
     from .archive.reading import resolve
     from .archive.reading import restore as restore_chain
+    from .io.outputs import is_special
     from .net.sinks import Target
 
     target = Target(output or (None if command else "-"), command, encrypted=False)
@@ -136,8 +137,14 @@ def restore(
         raise e.UsageError(f"{url!r} names no snapshot: s3://BUCKET/PREFIX/SNAPSHOT (a name or UUID)")
     key = sealer(encrypt_key)
     chain = resolve(s3, held, snapshot, key)  # a mistake is said here, not as "empty stream" by a child
+    if command:
+        consumer: str | None = repr(command)
+    elif target.output == "-" or is_special(target.output or ""):
+        consumer = "standard output" if target.output == "-" else repr(target.output)
+    else:
+        consumer = None  # a file appears only when all was good
     with target.sink(True, None, None, notify=warner()) as sink:
-        restore_chain(s3, held, chain, sink.write, key)
+        restore_chain(s3, held, chain, sink.write, key, consumer=consumer)
     names = ", ".join(entry.name for entry in chain)
     click.echo(f"sendstream: restored {len(chain)} stream{'s' * (len(chain) != 1)}: {names}", err=True)
 

@@ -315,6 +315,16 @@ class NothingFound(SendStreamError):
     exit_code = EXIT_NOT_FOUND
 
 
+class RestoreStopped(SendStreamError):
+    """A restore stopped inside one stream of its chain: ``cause`` says why, ``left`` what its consumer
+    was left with (the stream's END is held back until the stream is its manifest's)."""
+
+    def __init__(self, stream: str, cause: SendStreamError, left: str) -> None:
+        self.stream, self.cause, self.left = stream, cause, left
+        self.exit_code = cause.exit_code
+        super().__init__(f"{stream}: {cause}" + (f"; {left}" if left else ""))
+
+
 # --- extraction ---------------------------------------------------------------------------------------------------
 
 

@@ -468,6 +468,70 @@ def test_a_chain_restored_into_btrfs_receive_is_the_direct_transfer(store: Store
 # --- the archive's commands: END held back, names, nothing found, progress, order (issue 24) ---------------------
 
 INCR = next(p for p in STREAMS if p.name == "rich-incr-v2.stream")
+END_SIZE = 10  # the END command: a command header, no attributes
+
+
+def test_restore_holds_a_stream_s_end_back_until_it_is_its_manifest_s(store: Store) -> None:
+    """Two commands swapped, END moved before the last command, a second stream after the END: whatever
+    the stream is, its consumer gets all of it but its END, which (in btrfs receive) finalizes it."""
+    bucket, client = store.bucket(), store.client()
+    whole = FULL.read_bytes()
+    assert run(store, "send", "--to", f"s3://{bucket}/s", str(FULL)).returncode == 0
+    cuts = boundaries(whole)
+    a, b, c, end = cuts[10], cuts[11], cuts[12], cuts[-2]
+    last = cuts[-3]
+    swapped = whole[:a] + whole[b:c] + whole[a:b] + whole[c:]
+    note = json.loads(client.get_object(Bucket=bucket, Key=f"s/{name_of(whole)}.json")["Body"].read())
+    for tampered, handed, words in (
+        (swapped, len(whole) - END_SIZE, b"its ledger is not its manifest's"),
+        (whole[:last] + whole[end:] + whole[last:end], last, b"after the END of stream 1"),
+        (whole + INCR.read_bytes(), len(whole) - END_SIZE, b"a second stream begins after its END"),
+    ):
+        client.put_object(Bucket=bucket, Key=f"s/{name_of(whole)}", Body=tampered)
+        note["size"] = note["objects"][0]["size"] = len(tampered)  # the manifest tampered with as well
+        client.put_object(Bucket=bucket, Key=f"s/{name_of(whole)}.json", Body=json.dumps(note).encode())
+        back = run(store, "restore", f"s3://{bucket}/s/{stream_identity(whole)['uuid']}", "-o", "-")
+        assert back.returncode == 1 and words in back.stderr, back.stderr
+        assert back.stdout == tampered[:handed], (len(back.stdout), handed)
+        assert f"standard output was given {handed} bytes of it, not its END".encode() in back.stderr, back.stderr
+        assert b"'rich_base' is left a writable subvolume" in back.stderr, back.stderr
+
+
+def _received(path: Path) -> tuple[str, str]:
+    """Whether the subvolume at ``path`` is read-only, and its received UUID ('-': none)."""
+    ro = subprocess.run(["btrfs", "property", "get", "-ts", str(path), "ro"], capture_output=True, text=True)
+    shown = subprocess.run(["btrfs", "subvolume", "show", str(path)], capture_output=True, text=True, check=True)
+    received = re.search(r"^\s*Received UUID:\s+(\S+)", shown.stdout, re.M)
+    return ro.stdout.strip(), received.group(1) if received else "-"
+
+
+@pytest.mark.btrfs
+def test_two_commands_swapped_in_the_store_leave_no_received_subvolume(store: Store) -> None:
+    """Into a real btrfs receive: the tampered stream is refused before its END, so the subvolume is
+    writable and not received, and the error says so and how to remove it; then the sound chain goes in."""
+    need_root_btrfs()
+    bucket, client = store.bucket(), store.client()
+    whole = FULL.read_bytes()
+    for stream in (FULL, INCR):
+        assert run(store, "send", "--to", f"s3://{bucket}/s", str(stream)).returncode == 0
+    cuts = boundaries(whole)
+    a, b, c = cuts[10], cuts[11], cuts[12]
+    client.put_object(Bucket=bucket, Key=f"s/{name_of(whole)}", Body=whole[:a] + whole[b:c] + whole[a:b] + whole[c:])
+    uuid = stream_identity(INCR.read_bytes())["uuid"]
+    with btrfs_loop("512M") as mnt:
+        refused = run(store, "restore", f"s3://{bucket}/s/{uuid}", "--exec", f"btrfs receive {mnt}")
+        err = refused.stderr.decode()
+        assert refused.returncode == 1 and "its ledger is not its manifest's" in err, err
+        assert f"s3://{bucket}/s/{name_of(whole)}: " in err and "'btrfs receive " in err, err
+        assert "'rich_base' is left a writable subvolume that was not received" in err, err
+        assert "btrfs subvolume delete DIR/rich_base" in err, err
+        assert _received(mnt / "rich_base") == ("ro=false", "-")
+        assert not (mnt / "rich_incr").exists()
+        subprocess.run(["btrfs", "-q", "subvolume", "delete", str(mnt / "rich_base")], check=True)
+        client.put_object(Bucket=bucket, Key=f"s/{name_of(whole)}", Body=whole)
+        restored = run(store, "restore", f"s3://{bucket}/s/{uuid}", "--exec", f"btrfs receive {mnt}")
+        assert restored.returncode == 0, restored.stderr
+        assert _received(mnt / "rich_incr")[0] == "ro=true" and _received(mnt / "rich_base")[1] != "-"
 
 
 def test_restore_takes_a_snapshot_s_name_and_resolves_before_the_child_starts(store: Store, tmp_path: Path) -> None:

@@ -8,8 +8,9 @@ command is checked (framing, CRC) before it is handed on; at the end the
 size, command count and ledger must be the manifest's, and (for
 :func:`verify`) the SHA-256. :func:`resolve` finds the chain that makes a
 snapshot and checks its keys, before anything goes on; :func:`restore` hands
-it on, full stream first; :func:`verify` checks every stream of an archive,
-many at once in a process pool.
+it on, full stream first, each stream's END held back (:class:`EndHeld`)
+until the stream is its manifest's; :func:`verify` checks every stream of an
+archive, many at once in a process pool.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from typing import Any
 
 from .. import errors as e
 from ..codec.framer import Framer
+from ..format.layout import COMMAND_HEADER_SIZE, STREAM_MAGIC
 from ..io.windows import file_events
+from ..ops.identity import snapshot_name
 from ..ops.ledger import Ledger
 from ..ops.repair import Healer
 from .catalog import MANIFEST_SUFFIX, Entry, chain_to, entries
@@ -35,6 +38,7 @@ from .store import Location, calling, connect
 
 CHUNK = 8 << 20
 AHEAD = 3  # ranged GETs at once: one GET at a time is slower than the checks
+BEGUN = 8 << 10  # what EndHeld keeps of a stream's start: its header and first command (a path is < 4 KiB)
 
 
 class RangedReader:
@@ -213,14 +217,90 @@ def _age(entry: Entry) -> tuple[str, int]:
     return entry.stored, entry.ctransid
 
 
+class EndHeld:
+    """The writer of one stream that hands on all of it but its last :data:`COMMAND_HEADER_SIZE` bytes, its
+    END command (which has no attributes), until :meth:`release`.
+
+    ``btrfs receive`` finalizes a snapshot (read-only, received) at END, so no END may go on before the
+    stream is its manifest's. END is the stream's last command: the framer refuses anything after it but a
+    stream header, and a second header is refused here (before the END ahead of it goes on). No command
+    starts with the header's magic: its length would be past every limit, which the framer refused.
+    """
+
+    def __init__(self, write: Callable[[Any], object]) -> None:
+        self._write = write
+        self._held = b""
+        self.handed = 0  # bytes handed on
+        self.begun = b""  # the first BEGUN of them: what the consumer began to make
+
+    def __call__(self, data: Any) -> None:
+        n = len(data)
+        if (self.handed or self._held) and bytes(data[: len(STREAM_MAGIC)]) == STREAM_MAGIC:
+            raise e.ManifestMismatch(
+                "a second stream begins after its END", offset=self.handed + len(self._held), expected="one stream"
+            )
+        if n >= COMMAND_HEADER_SIZE:
+            self._pass(self._held)
+            self._pass(data[: n - COMMAND_HEADER_SIZE])
+            self._held = bytes(data[n - COMMAND_HEADER_SIZE :])
+        else:
+            joined = self._held + bytes(data)
+            self._pass(joined[: len(joined) - COMMAND_HEADER_SIZE])
+            self._held = joined[-COMMAND_HEADER_SIZE:]
+
+    def release(self) -> None:
+        """The stream is its manifest's: hand its END on."""
+        self._pass(self._held)
+        self._held = b""
+
+    def _pass(self, data: Any) -> None:
+        if len(data) > 0:
+            self._write(data)
+            if len(self.begun) < BEGUN:
+                self.begun += bytes(data[: BEGUN - len(self.begun)])
+            self.handed += len(data)
+
+
 def restore(
-    s3: Any, location: Location, chain: list[Entry], write: Callable[[Any], object], key: Sealer | None = None
+    s3: Any,
+    location: Location,
+    chain: list[Entry],
+    write: Callable[[Any], object],
+    key: Sealer | None = None,
+    *,
+    consumer: str | None = None,
 ) -> None:
     """Hand on the streams of ``chain`` (:func:`resolve`) in order, each command checked before it goes
-    on, each stream held to its manifest's ledger (its SHA-256 is left to :func:`verify`: it would cost a
-    third of the restore's CPU)."""
-    for entry in chain:
-        check(s3, location, entry, write, key, sha256=False)
+    on, each stream's END only once the stream is its manifest's
+    (its ledger: its SHA-256 is left to :func:`verify`, it would cost a third of the restore's CPU).
+
+    A stream that fails is a :class:`~sendstream.errors.RestoreStopped` that says what ``consumer`` (an
+    ``--exec`` command, standard output; None: a file, which is not kept) was left with."""
+    for done, entry in enumerate(chain):
+        held = EndHeld(write)
+        try:
+            check(s3, location, entry, held, key, sha256=False)
+        except e.SendStreamError as exc:
+            raise e.RestoreStopped(location.url(entry.name), exc, _left(consumer, done, held)) from exc
+        held.release()
+
+
+def _left(consumer: str | None, done: int, held: EndHeld) -> str:
+    """What ``consumer`` has when a restore stopped inside the stream ``held`` was handing on, after ``done``
+    whole streams: the snapshot that stream began is named from what went on, not from its manifest."""
+    if consumer is None:
+        return ""
+    before = f" (and the {done} stream{'s' * (done != 1)} before it, whole)" if done else ""
+    if not held.handed:
+        return f"{consumer} was given nothing of it{before}"
+    name = snapshot_name(held.begun)
+    made = (
+        f"under btrfs receive, {name!r} is left a writable subvolume that was not received: delete it "
+        f"(btrfs subvolume delete DIR/{name}) before restoring again"
+        if name
+        else "btrfs receive began no subvolume of it"
+    )
+    return f"{consumer} was given {held.handed} bytes of it, not its END{before}: {made}"
 
 
 @dataclass(frozen=True)
