@@ -4,17 +4,21 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from . import errors as e
 from .manual import epilog
-from .net.progress import size
+from .net.progress import BAR, Summary, size
+from .options import ProgressOptions, progress_options
 from .terminal import Group, logger, warner
 
 if TYPE_CHECKING:
     from .archive.store import Location
+    from .net.progress import Progress
 
 endpoint_option = click.option(
     "--endpoint-url",
@@ -57,9 +61,10 @@ def send_to_archive(
     key_file: str | None,
     encrypt_key: str | None,
     retrying: dict[str, Any],
-    quiet: bool,
+    show: ProgressOptions,
 ) -> None:
-    """``send --to s3://...``: archive STREAM there (``retrying``: ``resumable``, ``retries``, ``retry_delay``)."""
+    """``send --to s3://...``: archive STREAM there (``retrying``: ``resumable``, ``retries``, ``retry_delay``),
+    its progress shown as ``send`` shows a transfer's."""
     from .archive.upload import upload
 
     key = None
@@ -72,19 +77,27 @@ def send_to_archive(
 
         key = load_key(key_file, warner())
     location, s3 = where(url, endpoint_url)
-    note = logger(True)
-    done = upload(
-        stream, location, s3, warn=warner(), key=key, notice=note,
-        retries=retrying["retries"] if key else 0, retry_delay=retrying["retry_delay"], sealer=sealer(encrypt_key),
-    )  # fmt: skip
-    if done.resumed and not quiet:
-        note(f"resumed at offset {done.resumed}: the parts before it were there already")
-    if not quiet:
-        objects = f" in {len(done.objects)} objects" if len(done.objects) > 1 else ""
-        healed = f", {done.restarts} restarts healed" if done.restarts else ""
-        click.echo(
-            f"sendstream: archived {done.url}: {done.size} bytes{objects}, {done.commands} commands{healed}", err=True
-        )
+    progress = show.progress("archived")
+    if progress.total is None and stream != "-" and stat.S_ISREG((status := os.stat(stream)).st_mode):
+        progress.total = status.st_size
+    try:
+        done = upload(
+            stream, location, s3, warn=warner(), key=key, notice=_notice(progress), wrote=progress.add,
+            retries=retrying["retries"] if key else 0, retry_delay=retrying["retry_delay"], sealer=sealer(encrypt_key),
+        )  # fmt: skip
+    finally:
+        progress.done()
+    if not show.quiet:
+        summary = Summary(done.size, progress.seconds, done.url, done.restarts, skipped=done.resumed)
+        objects = f", {len(done.objects)} objects" if len(done.objects) > 1 else ""
+        click.echo(f"sendstream: {summary.line('archived')}; {done.commands} commands{objects}", err=True)
+
+
+def _notice(progress: Progress) -> Any:
+    """Where passing notices (a retry) go: above the bar, else a line on stderr."""
+    if progress.mode == BAR:
+        return lambda text: progress.above(f"sendstream: {text}")
+    return logger(True)
 
 
 def verify_archive(
@@ -113,8 +126,14 @@ def verify_archive(
 @click.option("--exec", "command", default=None, metavar="CMD", help="Write the streams to the stdin of CMD (sh -c).")
 @endpoint_option
 @encrypt_key_option
+@progress_options
 def restore(
-    url: str, output: str | None, command: str | None, endpoint_url: str | None, encrypt_key: str | None
+    url: str,
+    output: str | None,
+    command: str | None,
+    endpoint_url: str | None,
+    encrypt_key: str | None,
+    show: ProgressOptions,
 ) -> None:
     """Hand on the full stream and every incremental up to SNAPSHOT, in order.
 
@@ -143,10 +162,18 @@ def restore(
         consumer = "standard output" if target.output == "-" else repr(target.output)
     else:
         consumer = None  # a file appears only when all was good
-    with target.sink(True, None, None, notify=warner()) as sink:
-        restore_chain(s3, held, chain, sink.write, key, consumer=consumer)
-    names = ", ".join(entry.name for entry in chain)
-    click.echo(f"sendstream: restored {len(chain)} stream{'s' * (len(chain) != 1)}: {names}", err=True)
+    progress = show.progress("restored")
+    if progress.total is None:
+        progress.total = sum(entry.size for entry in chain)
+    above = progress.above if progress.mode == BAR else None  # btrfs receive's `At subvol` goes above the bar
+    try:
+        with target.sink(True, None, None, notify=warner(), child_stderr=above) as sink:
+            restore_chain(s3, held, chain, sink.write, key, consumer=consumer, wrote=progress.add)
+    finally:
+        progress.done()
+    if not show.quiet:
+        streams = f"{len(chain)} stream{'s' * (len(chain) != 1)}: {', '.join(entry.name for entry in chain)}"
+        click.echo(f"sendstream: {Summary(progress.bytes, progress.seconds, streams).line('restored')}", err=True)
 
 
 @click.group(cls=Group)

@@ -52,7 +52,7 @@ def test_every_fixture_goes_there_and_back_byte_for_byte(store: Store) -> None:
     for path in STREAMS:
         sent = run(store, "send", "--to", f"s3://{bucket}/{path.stem}", str(path))
         assert sent.returncode == 0, (path.name, sent.stderr)
-        assert f"archived s3://{bucket}/{path.stem}/{name_of(path.read_bytes())}".encode() in sent.stderr
+        assert f"; s3://{bucket}/{path.stem}/{name_of(path.read_bytes())}; ".encode() in sent.stderr
         location = Location(bucket, f"{path.stem}/")
         (entry,) = entries(client, location)
         back = bytearray()
@@ -318,7 +318,7 @@ def test_the_same_stream_twice_is_refused_and_ls_shows_chains(store: Store) -> N
     assert [[(x["uuid"], x["depth"]) for x in chain] for chain in tree] == [[(f["uuid"], 0), (i["uuid"], 1)]]
     both = run(store, "restore", f"s3://{bucket}/h/{i['uuid']}", "-o", "-")
     assert both.returncode == 0 and both.stdout == full.read_bytes() + incr.read_bytes()
-    assert b"restored 2 streams" in both.stderr
+    assert b"; 2 streams: " in both.stderr
 
 
 def test_a_missing_link_is_named(store: Store) -> None:
@@ -455,7 +455,7 @@ def test_a_chain_restored_into_btrfs_receive_is_the_direct_transfer(store: Store
             store, "restore", f"s3://{bucket}/host/{last_uuid}", "--exec", f"btrfs receive {mnt / 'restored'}"
         )
         assert restored.returncode == 0, restored.stderr
-        assert b"restored 3 streams" in restored.stderr
+        assert b"; 3 streams: " in restored.stderr
         for stream in streams:
             subprocess.run(
                 ["btrfs", "receive", "-f", str(stream), str(mnt / "direct")], capture_output=True, check=True
@@ -576,3 +576,20 @@ def test_nothing_found_is_an_error_of_its_own(store: Store) -> None:
         (line,) = found.stderr.decode().splitlines()
         assert found.returncode == 9 and found.stdout == b"", (args, line)
         assert line.startswith(f"sendstream: error: {url}/: nothing is archived here"), line
+
+
+def test_upload_and_restore_show_progress_time_and_rate_as_send_does(store: Store) -> None:
+    bucket = store.bucket()
+    whole = FULL.read_bytes() + INCR.read_bytes()
+    sent = run(store, "send", "--to", f"s3://{bucket}/p", str(FULL), "--progress", "plain:0.000001")
+    err = sent.stderr.decode()
+    assert sent.returncode == 0 and re.search(r"^sendstream: archived \S+ \S+ \d:\d\d:\d\d \[.*/s\]", err, re.M), err
+    assert f"({len(FULL.read_bytes()):,} bytes) in " in err.splitlines()[-1], err
+    assert run(store, "send", "--to", f"s3://{bucket}/p", str(INCR), "-q").stderr == b""
+    back = run(store, "restore", f"s3://{bucket}/p/rich_incr", "-o", "-", "--progress", "plain:0.000001")
+    err = back.stderr.decode()
+    assert back.returncode == 0 and back.stdout == whole, err
+    assert re.search(r"^sendstream: restored \S+ \S+ \d:\d\d:\d\d \[.*/s\] +\d+% ETA ", err, re.M), err
+    assert re.search(rf"^sendstream: restored .* \({len(whole):,} bytes\) in .*; 2 streams: ", err, re.M), err
+    quiet = run(store, "restore", f"s3://{bucket}/p/rich_incr", "-o", "-", "-q")
+    assert quiet.returncode == 0 and quiet.stderr == b"" and quiet.stdout == whole

@@ -227,8 +227,9 @@ class EndHeld:
     starts with the header's magic: its length would be past every limit, which the framer refused.
     """
 
-    def __init__(self, write: Callable[[Any], object]) -> None:
+    def __init__(self, write: Callable[[Any], object], wrote: Callable[[int], object] = lambda n: None) -> None:
         self._write = write
+        self._wrote = wrote
         self._held = b""
         self.handed = 0  # bytes handed on
         self.begun = b""  # the first BEGUN of them: what the consumer began to make
@@ -256,6 +257,7 @@ class EndHeld:
     def _pass(self, data: Any) -> None:
         if len(data) > 0:
             self._write(data)
+            self._wrote(len(data))
             if len(self.begun) < BEGUN:
                 self.begun += bytes(data[: BEGUN - len(self.begun)])
             self.handed += len(data)
@@ -269,15 +271,16 @@ def restore(
     key: Sealer | None = None,
     *,
     consumer: str | None = None,
+    wrote: Callable[[int], object] = lambda n: None,
 ) -> None:
     """Hand on the streams of ``chain`` (:func:`resolve`) in order, each command checked before it goes
-    on, each stream's END only once the stream is its manifest's
+    on (``wrote`` hears the size of each write), each stream's END only once the stream is its manifest's
     (its ledger: its SHA-256 is left to :func:`verify`, it would cost a third of the restore's CPU).
 
     A stream that fails is a :class:`~sendstream.errors.RestoreStopped` that says what ``consumer`` (an
     ``--exec`` command, standard output; None: a file, which is not kept) was left with."""
     for done, entry in enumerate(chain):
-        held = EndHeld(write)
+        held = EndHeld(write, wrote)
         try:
             check(s3, location, entry, held, key, sha256=False)
         except e.SendStreamError as exc:
