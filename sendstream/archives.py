@@ -13,7 +13,7 @@ import click
 from . import errors as e
 from .manual import epilog
 from .net.progress import BAR, Summary, size
-from .options import ProgressOptions, progress_options
+from .options import ProgressOptions, json_option, progress_options
 from .terminal import Group, logger, warner
 
 if TYPE_CHECKING:
@@ -183,7 +183,7 @@ def archive() -> None:
 
 @archive.command("ls", epilog=epilog("archive ls"))
 @click.argument("url", metavar="s3://BUCKET/PREFIX")
-@click.option("--json", "as_json", is_flag=True, help="JSON: a list of chains, each a list of streams.")
+@json_option("stream, chain by chain (depth 0 begins one)")
 @endpoint_option
 def archive_ls(url: str, as_json: bool, endpoint_url: str | None) -> None:
     """The snapshots archived, as chains: a full stream, then the incrementals that build on it."""
@@ -191,12 +191,11 @@ def archive_ls(url: str, as_json: bool, endpoint_url: str | None) -> None:
     from .archive.reading import archived
 
     location, s3 = where(url, endpoint_url)
-    trees = chains(archived(s3, location))
-    if as_json:
-        click.echo(json.dumps([[dict(x.summary(), depth=d) for d, x in tree] for tree in trees], indent=1))
-        return
-    for tree in trees:
+    for tree in chains(archived(s3, location)):
         for depth, entry in tree:
+            if as_json:
+                click.echo(json.dumps(dict(entry.summary(), depth=depth), sort_keys=True))
+                continue
             kind = "full" if entry.parent is None else ("incremental" if depth else "incremental, parent missing")
             line = f"{'  ' * depth}{entry.uuid}.{entry.ctransid}  {kind}  {size(entry.size)}  {entry.stored}"
             click.echo(line + (f"  {entry.snapshot}" if entry.snapshot else ""))

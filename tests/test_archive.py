@@ -314,8 +314,8 @@ def test_the_same_stream_twice_is_refused_and_ls_shows_chains(store: Store) -> N
     f, i = (stream_identity(p.read_bytes()) for p in (full, incr))
     assert lines[0].startswith(f"{f['uuid']}.{f['ctransid']}  full  ") and lines[0].endswith("rich_base")
     assert lines[1].startswith(f"  {i['uuid']}.{i['ctransid']}  incremental  ") and lines[1].endswith("rich_incr")
-    tree = json.loads(run(store, "archive", "ls", "--json", f"s3://{bucket}/h").stdout)
-    assert [[(x["uuid"], x["depth"]) for x in chain] for chain in tree] == [[(f["uuid"], 0), (i["uuid"], 1)]]
+    listed = run(store, "archive", "ls", "--json", f"s3://{bucket}/h").stdout.decode().splitlines()
+    assert [(x["uuid"], x["depth"]) for x in map(json.loads, listed)] == [(f["uuid"], 0), (i["uuid"], 1)]
     both = run(store, "restore", f"s3://{bucket}/h/{i['uuid']}", "-o", "-")
     assert both.returncode == 0 and both.stdout == full.read_bytes() + incr.read_bytes()
     assert b"; 2 streams: " in both.stderr
@@ -576,6 +576,25 @@ def test_nothing_found_is_an_error_of_its_own(store: Store) -> None:
         (line,) = found.stderr.decode().splitlines()
         assert found.returncode == 9 and found.stdout == b"", (args, line)
         assert line.startswith(f"sendstream: error: {url}/: nothing is archived here"), line
+
+
+def test_archive_ls_json_is_a_line_per_stream_and_verify_goes_in_chain_order(store: Store) -> None:
+    bucket = store.bucket()
+    other = next(p for p in STREAMS if p.name == "verity-v3.stream")
+    for stream in (INCR, other, FULL):  # by name: the incremental (0160...) comes first, the full (5751...) last
+        assert run(store, "send", "--to", f"s3://{bucket}/h", str(stream)).returncode == 0
+    listed = run(store, "archive", "ls", "--json", f"s3://{bucket}/h")
+    lines = [json.loads(line) for line in listed.stdout.decode().splitlines()]
+    f, i, o = (stream_identity(p.read_bytes()) for p in (FULL, INCR, other))
+    assert [(x["uuid"], x["depth"], x["parent"]) for x in lines] == [
+        (o["uuid"], 0, None),  # chains oldest first (by ctransid): verity_snap's 5, then rich_base's 7
+        (f["uuid"], 0, None),
+        (i["uuid"], 1, [f["uuid"], f["ctransid"]]),
+    ], lines
+    assert set(lines[0]) == {"name", "uuid", "ctransid", "parent", "snapshot", "size", "stored", "depth"}
+    verified = run(store, "verify", f"s3://{bucket}/h")
+    order = [line.split(":")[0] for line in verified.stdout.decode().splitlines()]
+    assert verified.returncode == 0 and order == [x["name"] for x in lines], verified
 
 
 def test_upload_and_restore_show_progress_time_and_rate_as_send_does(store: Store) -> None:

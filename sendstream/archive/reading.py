@@ -10,7 +10,7 @@ size, command count and ledger must be the manifest's, and (for
 snapshot and checks its keys, before anything goes on; :func:`restore` hands
 it on, full stream first, each stream's END held back (:class:`EndHeld`)
 until the stream is its manifest's; :func:`verify` checks every stream of an
-archive, many at once in a process pool.
+archive, in chain order, many at once in a process pool.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ..io.windows import file_events
 from ..ops.identity import snapshot_name
 from ..ops.ledger import Ledger
 from ..ops.repair import Healer
-from .catalog import MANIFEST_SUFFIX, Entry, chain_to, entries
+from .catalog import MANIFEST_SUFFIX, Entry, chain_to, chains, entries
 from .hashing import Hasher
 from .seal import SEAL_OVERHEAD, Sealer
 from .store import Location, calling, connect
@@ -323,12 +323,15 @@ def verify(
     key: bytes | None = None,
 ) -> Iterator[Verdict]:
     """Check every stream archived at ``location`` in place, ``workers`` (every core) at once, each in
-    a process of its own with its own connection; verdicts in the archive's order as they come."""
+    a process of its own with its own connection; verdicts in chain order (as ``archive ls`` lists them)."""
     found = archived(s3, location)
+    ordered = [entry for tree in chains(found) for _, entry in tree]
+    listed = set(ordered)
+    ordered += [x for x in found if x not in listed]  # streams whose parents go round in a circle
     workers = workers or len(os.sched_getaffinity(0))
     context = multiprocessing.get_context("spawn")  # no fork of a process with threads and connections
     with ProcessPoolExecutor(min(workers, max(1, len(found))), mp_context=context) as pool:
-        jobs = [pool.submit(_verdict, endpoint_url, location, entry, key) for entry in found]
+        jobs = [pool.submit(_verdict, endpoint_url, location, entry, key) for entry in ordered]
         for job in jobs:
             yield job.result()
 
