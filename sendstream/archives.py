@@ -4,17 +4,21 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from . import errors as e
 from .manual import epilog
-from .net.progress import size
+from .net.progress import BAR, Summary, size
+from .options import ProgressOptions, json_option, progress_options
 from .terminal import Group, logger, warner
 
 if TYPE_CHECKING:
     from .archive.store import Location
+    from .net.progress import Progress
 
 endpoint_option = click.option(
     "--endpoint-url",
@@ -57,9 +61,10 @@ def send_to_archive(
     key_file: str | None,
     encrypt_key: str | None,
     retrying: dict[str, Any],
-    quiet: bool,
+    show: ProgressOptions,
 ) -> None:
-    """``send --to s3://...``: archive STREAM there (``retrying``: ``resumable``, ``retries``, ``retry_delay``)."""
+    """``send --to s3://...``: archive STREAM there (``retrying``: ``resumable``, ``retries``, ``retry_delay``),
+    its progress shown as ``send`` shows a transfer's."""
     from .archive.upload import upload
 
     key = None
@@ -72,19 +77,27 @@ def send_to_archive(
 
         key = load_key(key_file, warner())
     location, s3 = where(url, endpoint_url)
-    note = logger(True)
-    done = upload(
-        stream, location, s3, warn=warner(), key=key, notice=note,
-        retries=retrying["retries"] if key else 0, retry_delay=retrying["retry_delay"], sealer=sealer(encrypt_key),
-    )  # fmt: skip
-    if done.resumed and not quiet:
-        note(f"resumed at offset {done.resumed}: the parts before it were there already")
-    if not quiet:
-        objects = f" in {len(done.objects)} objects" if len(done.objects) > 1 else ""
-        healed = f", {done.restarts} restarts healed" if done.restarts else ""
-        click.echo(
-            f"sendstream: archived {done.url}: {done.size} bytes{objects}, {done.commands} commands{healed}", err=True
-        )
+    progress = show.progress("archived")
+    if progress.total is None and stream != "-" and stat.S_ISREG((status := os.stat(stream)).st_mode):
+        progress.total = status.st_size
+    try:
+        done = upload(
+            stream, location, s3, warn=warner(), key=key, notice=_notice(progress), wrote=progress.add,
+            retries=retrying["retries"] if key else 0, retry_delay=retrying["retry_delay"], sealer=sealer(encrypt_key),
+        )  # fmt: skip
+    finally:
+        progress.done()
+    if not show.quiet:
+        summary = Summary(done.size, progress.seconds, done.url, done.restarts, skipped=done.resumed)
+        objects = f", {len(done.objects)} objects" if len(done.objects) > 1 else ""
+        click.echo(f"sendstream: {summary.line('archived')}; {done.commands} commands{objects}", err=True)
+
+
+def _notice(progress: Progress) -> Any:
+    """Where passing notices (a retry) go: above the bar, else a line on stderr."""
+    if progress.mode == BAR:
+        return lambda text: progress.above(f"sendstream: {text}")
+    return logger(True)
 
 
 def verify_archive(
@@ -108,32 +121,59 @@ def verify_archive(
 
 
 @click.command(cls=Group.command_class)
-@click.argument("url", metavar="s3://BUCKET/PREFIX/SUBVOLUME-UUID")
+@click.argument("url", metavar="s3://BUCKET/PREFIX/SNAPSHOT")
 @click.option("-o", "--output", default=None, metavar="FILE", help="Write the streams to FILE (- for stdout).")
 @click.option("--exec", "command", default=None, metavar="CMD", help="Write the streams to the stdin of CMD (sh -c).")
 @endpoint_option
 @encrypt_key_option
+@progress_options
 def restore(
-    url: str, output: str | None, command: str | None, endpoint_url: str | None, encrypt_key: str | None
+    url: str,
+    output: str | None,
+    command: str | None,
+    endpoint_url: str | None,
+    encrypt_key: str | None,
+    show: ProgressOptions,
 ) -> None:
-    """Hand on the full stream and every incremental up to snapshot SUBVOLUME-UUID, in order.
+    """Hand on the full stream and every incremental up to SNAPSHOT, in order.
 
-    Each stream is read in place with ranged GETs and every command is
-    checked before it goes on; then the stream is held to its manifest.
-    `--exec 'btrfs receive DIR'` receives the whole chain.
+    SNAPSHOT is a snapshot's name or UUID as `sendstream archive ls` shows
+    them (UUID.CTRANSID for one stream of a UUID). The chain and its keys are
+    resolved before anything starts. Each stream is read in place with
+    ranged GETs and every command is checked before it goes on; its END
+    (where btrfs receive makes a snapshot read-only) goes on only once the
+    stream is its manifest's. `--exec 'btrfs receive DIR'` receives the chain.
     """
+    from .archive.reading import resolve
     from .archive.reading import restore as restore_chain
+    from .io.outputs import is_special
     from .net.sinks import Target
 
-    location, s3 = where(url, endpoint_url)
-    held, subvolume = location.last()
-    if not subvolume:
-        raise e.UsageError(f"{url!r} names no snapshot: s3://BUCKET/PREFIX/SUBVOLUME-UUID")
     target = Target(output or (None if command else "-"), command, encrypted=False)
-    with target.sink(True, None, None, notify=warner()) as sink:
-        chain = restore_chain(s3, held, subvolume, sink.write, sealer(encrypt_key))
-    names = ", ".join(entry.name for entry in chain)
-    click.echo(f"sendstream: restored {len(chain)} stream{'s' * (len(chain) != 1)}: {names}", err=True)
+    location, s3 = where(url, endpoint_url)
+    held, snapshot = location.last()
+    if not snapshot:
+        raise e.UsageError(f"{url!r} names no snapshot: s3://BUCKET/PREFIX/SNAPSHOT (a name or UUID)")
+    key = sealer(encrypt_key)
+    chain = resolve(s3, held, snapshot, key)  # a mistake is said here, not as "empty stream" by a child
+    if command:
+        consumer: str | None = repr(command)
+    elif target.output == "-" or is_special(target.output or ""):
+        consumer = "standard output" if target.output == "-" else repr(target.output)
+    else:
+        consumer = None  # a file appears only when all was good
+    progress = show.progress("restored")
+    if progress.total is None:
+        progress.total = sum(entry.size for entry in chain)
+    above = progress.above if progress.mode == BAR else None  # btrfs receive's `At subvol` goes above the bar
+    try:
+        with target.sink(True, None, None, notify=warner(), child_stderr=above) as sink:
+            restore_chain(s3, held, chain, sink.write, key, consumer=consumer, wrote=progress.add)
+    finally:
+        progress.done()
+    if not show.quiet:
+        streams = f"{len(chain)} stream{'s' * (len(chain) != 1)}: {', '.join(entry.name for entry in chain)}"
+        click.echo(f"sendstream: {Summary(progress.bytes, progress.seconds, streams).line('restored')}", err=True)
 
 
 @click.group(cls=Group)
@@ -143,19 +183,19 @@ def archive() -> None:
 
 @archive.command("ls", epilog=epilog("archive ls"))
 @click.argument("url", metavar="s3://BUCKET/PREFIX")
-@click.option("--json", "as_json", is_flag=True, help="JSON: a list of chains, each a list of streams.")
+@json_option("stream, chain by chain (depth 0 begins one)")
 @endpoint_option
 def archive_ls(url: str, as_json: bool, endpoint_url: str | None) -> None:
     """The snapshots archived, as chains: a full stream, then the incrementals that build on it."""
-    from .archive.catalog import chains, entries
+    from .archive.catalog import chains
+    from .archive.reading import archived
 
     location, s3 = where(url, endpoint_url)
-    trees = chains(entries(s3, location))
-    if as_json:
-        click.echo(json.dumps([[dict(x.summary(), depth=d) for d, x in tree] for tree in trees], indent=1))
-        return
-    for tree in trees:
+    for tree in chains(archived(s3, location)):
         for depth, entry in tree:
+            if as_json:
+                click.echo(json.dumps(dict(entry.summary(), depth=depth), sort_keys=True))
+                continue
             kind = "full" if entry.parent is None else ("incremental" if depth else "incremental, parent missing")
             line = f"{'  ' * depth}{entry.uuid}.{entry.ctransid}  {kind}  {size(entry.size)}  {entry.stored}"
             click.echo(line + (f"  {entry.snapshot}" if entry.snapshot else ""))
@@ -169,11 +209,12 @@ def archive_ls(url: str, as_json: bool, endpoint_url: str | None) -> None:
 @endpoint_option
 def archive_prune(url: str, keep_last: int | None, since: str | None, dry_run: bool, endpoint_url: str | None) -> None:
     """Delete old streams, never one that a kept snapshot needs (its parent, up to its full stream)."""
-    from .archive.catalog import entries, keeping, plan_prune, remove
+    from .archive.catalog import keeping, plan_prune, remove
+    from .archive.reading import archived
 
     keeping(keep_last, since)  # before the store is asked anything
     location, s3 = where(url, endpoint_url)
-    kept, dropped = plan_prune(entries(s3, location), keep_last, since)
+    kept, dropped = plan_prune(archived(s3, location), keep_last, since)
     for entry in dropped:
         if not dry_run:
             remove(s3, location, entry)

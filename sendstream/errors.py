@@ -26,6 +26,7 @@ EXIT_RESTARTED = 5
 EXIT_TLS = 6
 EXIT_CHILD = 7
 EXIT_LIMIT = 8
+EXIT_NOT_FOUND = 9
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
@@ -317,6 +318,23 @@ class StoreError(SendStreamError):
     def __init__(self, where: str, reason: str, retryable: bool = False) -> None:
         self.where, self.reason, self.retryable = where, reason, retryable  # retryable: it may work later
         super().__init__(f"{where}: {reason}")
+
+
+class NothingFound(SendStreamError):
+    """Nothing is where a command was told to look: a prefix with no archived stream, a snapshot no
+    stream makes (a typo, under cron, must not pass as an empty success)."""
+
+    exit_code = EXIT_NOT_FOUND
+
+
+class RestoreStopped(SendStreamError):
+    """A restore stopped inside one stream of its chain: ``cause`` says why, ``left`` what its consumer
+    was left with (the stream's END is held back until the stream is its manifest's)."""
+
+    def __init__(self, stream: str, cause: SendStreamError, left: str) -> None:
+        self.stream, self.cause, self.left = stream, cause, left
+        self.exit_code = cause.exit_code
+        super().__init__(f"{stream}: {cause}" + (f"; {left}" if left else ""))
 
 
 # --- extraction ---------------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "btrfs send /mnt/snap | sendstream send --to s3://backups/host1 --resumable --key psk.key -",
     ),
     "restore": (
-        "sendstream restore s3://backups/host1/UUID --exec 'btrfs receive /mnt/restore'",
+        "sendstream restore s3://backups/host1/home.20261201 --exec 'btrfs receive /mnt/restore'",
         "sendstream restore s3://backups/host1/UUID -o chain.stream",
     ),
     "archive ls": ("sendstream archive ls s3://backups/host1", "sendstream archive ls --json s3://backups/host1"),
@@ -66,6 +66,7 @@ EXIT_STATUS = (
     (6, "TLS: wrong key or identity, another mode, no TLS, a cut connection, a key file others can read"),
     (7, "the command of receive --exec failed"),
     (8, "a limit was reached (the message names the option)"),
+    (9, "nothing found: no archived stream where told to look (a prefix, a snapshot)"),
     (130, "interrupted (Ctrl-C)"),
 )
 

@@ -87,7 +87,7 @@ def send(
     if target.startswith("s3://"):
         from .archives import send_to_archive
 
-        send_to_archive(target, stream, endpoint_url, tls.key_file, encrypt_key, sending.retrying(), show.quiet)
+        send_to_archive(target, stream, endpoint_url, tls.key_file, encrypt_key, sending.retrying(), show)
         return
     if encrypt_key is not None:
         raise e.UsageError("--encrypt-key is for s3://: a transfer is encrypted by TLS")

@@ -126,7 +126,7 @@ def _tty(stream: IO[str] | None) -> bool:
 
 
 def _writes_stream_to_stdout(name: str, params: dict[str, Any]) -> bool:
-    if name == "receive":
+    if name in ("receive", "restore"):
         return params.get("command") is None and params.get("output") in (None, "-")
     return name in _STREAM_OUTPUTS and params.get(_STREAM_OUTPUTS[name]) == "-"
 

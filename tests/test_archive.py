@@ -52,7 +52,7 @@ def test_every_fixture_goes_there_and_back_byte_for_byte(store: Store) -> None:
     for path in STREAMS:
         sent = run(store, "send", "--to", f"s3://{bucket}/{path.stem}", str(path))
         assert sent.returncode == 0, (path.name, sent.stderr)
-        assert f"archived s3://{bucket}/{path.stem}/{name_of(path.read_bytes())}".encode() in sent.stderr
+        assert f"; s3://{bucket}/{path.stem}/{name_of(path.read_bytes())}; ".encode() in sent.stderr
         location = Location(bucket, f"{path.stem}/")
         (entry,) = entries(client, location)
         back = bytearray()
@@ -314,11 +314,11 @@ def test_the_same_stream_twice_is_refused_and_ls_shows_chains(store: Store) -> N
     f, i = (stream_identity(p.read_bytes()) for p in (full, incr))
     assert lines[0].startswith(f"{f['uuid']}.{f['ctransid']}  full  ") and lines[0].endswith("rich_base")
     assert lines[1].startswith(f"  {i['uuid']}.{i['ctransid']}  incremental  ") and lines[1].endswith("rich_incr")
-    tree = json.loads(run(store, "archive", "ls", "--json", f"s3://{bucket}/h").stdout)
-    assert [[(x["uuid"], x["depth"]) for x in chain] for chain in tree] == [[(f["uuid"], 0), (i["uuid"], 1)]]
+    listed = run(store, "archive", "ls", "--json", f"s3://{bucket}/h").stdout.decode().splitlines()
+    assert [(x["uuid"], x["depth"]) for x in map(json.loads, listed)] == [(f["uuid"], 0), (i["uuid"], 1)]
     both = run(store, "restore", f"s3://{bucket}/h/{i['uuid']}", "-o", "-")
     assert both.returncode == 0 and both.stdout == full.read_bytes() + incr.read_bytes()
-    assert b"restored 2 streams" in both.stderr
+    assert b"; 2 streams: " in both.stderr
 
 
 def test_a_missing_link_is_named(store: Store) -> None:
@@ -333,7 +333,7 @@ def test_a_missing_link_is_named(store: Store) -> None:
         in lost.stderr
     )
     unknown = run(store, "restore", f"s3://{bucket}/00000000-0000-0000-0000-000000000000", "-o", "-")
-    assert unknown.returncode == 2 and b"no archived stream makes snapshot" in unknown.stderr
+    assert unknown.returncode == 9 and b"no archived stream makes snapshot" in unknown.stderr
 
 
 def test_errors_of_the_store_name_the_object(store: Store) -> None:
@@ -455,7 +455,7 @@ def test_a_chain_restored_into_btrfs_receive_is_the_direct_transfer(store: Store
             store, "restore", f"s3://{bucket}/host/{last_uuid}", "--exec", f"btrfs receive {mnt / 'restored'}"
         )
         assert restored.returncode == 0, restored.stderr
-        assert b"restored 3 streams" in restored.stderr
+        assert b"; 3 streams: " in restored.stderr
         for stream in streams:
             subprocess.run(
                 ["btrfs", "receive", "-f", str(stream), str(mnt / "direct")], capture_output=True, check=True
@@ -463,3 +463,152 @@ def test_a_chain_restored_into_btrfs_receive_is_the_direct_transfer(store: Store
         for n in (1, 2, 3):
             assert differences(mnt / "direct" / f"s{n}", mnt / "restored" / f"s{n}") == []
     assert len(entries(store.client(), Location(bucket, "host/"))) == 3
+
+
+# --- the archive's commands: END held back, names, nothing found, progress, order (issue 24) ---------------------
+
+INCR = next(p for p in STREAMS if p.name == "rich-incr-v2.stream")
+END_SIZE = 10  # the END command: a command header, no attributes
+
+
+def test_restore_holds_a_stream_s_end_back_until_it_is_its_manifest_s(store: Store) -> None:
+    """Two commands swapped, END moved before the last command, a second stream after the END: whatever
+    the stream is, its consumer gets all of it but its END, which (in btrfs receive) finalizes it."""
+    bucket, client = store.bucket(), store.client()
+    whole = FULL.read_bytes()
+    assert run(store, "send", "--to", f"s3://{bucket}/s", str(FULL)).returncode == 0
+    cuts = boundaries(whole)
+    a, b, c, end = cuts[10], cuts[11], cuts[12], cuts[-2]
+    last = cuts[-3]
+    swapped = whole[:a] + whole[b:c] + whole[a:b] + whole[c:]
+    note = json.loads(client.get_object(Bucket=bucket, Key=f"s/{name_of(whole)}.json")["Body"].read())
+    for tampered, handed, words in (
+        (swapped, len(whole) - END_SIZE, b"its ledger is not its manifest's"),
+        (whole[:last] + whole[end:] + whole[last:end], last, b"after the END of stream 1"),
+        (whole + INCR.read_bytes(), len(whole) - END_SIZE, b"a second stream begins after its END"),
+    ):
+        client.put_object(Bucket=bucket, Key=f"s/{name_of(whole)}", Body=tampered)
+        note["size"] = note["objects"][0]["size"] = len(tampered)  # the manifest tampered with as well
+        client.put_object(Bucket=bucket, Key=f"s/{name_of(whole)}.json", Body=json.dumps(note).encode())
+        back = run(store, "restore", f"s3://{bucket}/s/{stream_identity(whole)['uuid']}", "-o", "-")
+        assert back.returncode == 1 and words in back.stderr, back.stderr
+        assert back.stdout == tampered[:handed], (len(back.stdout), handed)
+        assert f"standard output was given {handed} bytes of it, not its END".encode() in back.stderr, back.stderr
+        assert b"'rich_base' is left a writable subvolume" in back.stderr, back.stderr
+
+
+def _received(path: Path) -> tuple[str, str]:
+    """Whether the subvolume at ``path`` is read-only, and its received UUID ('-': none)."""
+    ro = subprocess.run(["btrfs", "property", "get", "-ts", str(path), "ro"], capture_output=True, text=True)
+    shown = subprocess.run(["btrfs", "subvolume", "show", str(path)], capture_output=True, text=True, check=True)
+    received = re.search(r"^\s*Received UUID:\s+(\S+)", shown.stdout, re.M)
+    return ro.stdout.strip(), received.group(1) if received else "-"
+
+
+@pytest.mark.btrfs
+def test_two_commands_swapped_in_the_store_leave_no_received_subvolume(store: Store) -> None:
+    """Into a real btrfs receive: the tampered stream is refused before its END, so the subvolume is
+    writable and not received, and the error says so and how to remove it; then the sound chain goes in."""
+    need_root_btrfs()
+    bucket, client = store.bucket(), store.client()
+    whole = FULL.read_bytes()
+    for stream in (FULL, INCR):
+        assert run(store, "send", "--to", f"s3://{bucket}/s", str(stream)).returncode == 0
+    cuts = boundaries(whole)
+    a, b, c = cuts[10], cuts[11], cuts[12]
+    client.put_object(Bucket=bucket, Key=f"s/{name_of(whole)}", Body=whole[:a] + whole[b:c] + whole[a:b] + whole[c:])
+    uuid = stream_identity(INCR.read_bytes())["uuid"]
+    with btrfs_loop("512M") as mnt:
+        refused = run(store, "restore", f"s3://{bucket}/s/{uuid}", "--exec", f"btrfs receive {mnt}")
+        err = refused.stderr.decode()
+        assert refused.returncode == 1 and "its ledger is not its manifest's" in err, err
+        assert f"s3://{bucket}/s/{name_of(whole)}: " in err and "'btrfs receive " in err, err
+        assert "'rich_base' is left a writable subvolume that was not received" in err, err
+        assert "btrfs subvolume delete DIR/rich_base" in err, err
+        assert _received(mnt / "rich_base") == ("ro=false", "-")
+        assert not (mnt / "rich_incr").exists()
+        subprocess.run(["btrfs", "-q", "subvolume", "delete", str(mnt / "rich_base")], check=True)
+        client.put_object(Bucket=bucket, Key=f"s/{name_of(whole)}", Body=whole)
+        restored = run(store, "restore", f"s3://{bucket}/s/{uuid}", "--exec", f"btrfs receive {mnt}")
+        assert restored.returncode == 0, restored.stderr
+        assert _received(mnt / "rich_incr")[0] == "ro=true" and _received(mnt / "rich_base")[1] != "-"
+
+
+def test_restore_takes_a_snapshot_s_name_and_resolves_before_the_child_starts(store: Store, tmp_path: Path) -> None:
+    bucket = store.bucket()
+    for stream in (FULL, INCR):
+        assert run(store, "send", "--to", f"s3://{bucket}/n", str(stream)).returncode == 0
+    both = run(store, "restore", f"s3://{bucket}/n/rich_incr", "-o", "-")
+    assert both.returncode == 0 and both.stdout == FULL.read_bytes() + INCR.read_bytes(), both.stderr
+    again = _changed(FULL.read_bytes(), 17)  # rich_base once more, at another ctransid
+    assert run(store, "send", "--to", f"s3://{bucket}/n", "-", data=again).returncode == 0
+    key_file(tmp_path / "k.key")
+    sealed = ["--encrypt-key", str(tmp_path / "k.key")]
+    assert run(store, "send", "--to", f"s3://{bucket}/e", str(FULL), *sealed).returncode == 0
+    f, g = stream_identity(FULL.read_bytes()), stream_identity(again)
+    marker = tmp_path / "started"
+    for url, code, words in (
+        (f"s3://{bucket}/n/rich_base", 2, f"2 archived snapshots are called 'rich_base': {f['uuid']}.{f['ctransid']}"),
+        (f"s3://{bucket}/n/rich_base", 2, f"{g['uuid']}.{g['ctransid']} (stored "),
+        (f"s3://{bucket}/n/rich_nowhere", 9, "no archived stream makes snapshot 'rich_nowhere'"),
+        (f"s3://{bucket}/n/00000000-0000-0000-0000-000000000000", 9, "no archived stream makes snapshot"),
+        (f"s3://{bucket}/typo/rich_base", 9, f"s3://{bucket}/typo/: nothing is archived here"),
+        (f"s3://{bucket}/e/{f['uuid']}", 2, "is encrypted (sha256:"),
+    ):
+        refused = run(store, "restore", url, "--exec", f"touch {marker}; cat >/dev/null")
+        err = refused.stderr.decode()
+        assert refused.returncode == code and words in err and "Traceback" not in err, (url, err)
+        assert not marker.exists() and len(err.splitlines()) == 1, (url, err)  # no child, so no "empty stream"
+
+
+def test_nothing_found_is_an_error_of_its_own(store: Store) -> None:
+    bucket = store.bucket()
+    assert run(store, "send", "--to", f"s3://{bucket}/host", str(FULL)).returncode == 0
+    typo, top = f"s3://{bucket}/typo", f"s3://{bucket}"
+    for url, args in (
+        (typo, ["verify", typo]),
+        (typo, ["archive", "ls", typo]),
+        (typo, ["archive", "ls", "--json", typo]),
+        (typo, ["archive", "prune", typo, "--keep-last", "1"]),
+        (top, ["verify", top]),  # only the streams directly under the prefix count
+    ):
+        found = run(store, *args)
+        (line,) = found.stderr.decode().splitlines()
+        assert found.returncode == 9 and found.stdout == b"", (args, line)
+        assert line.startswith(f"sendstream: error: {url}/: nothing is archived here"), line
+
+
+def test_archive_ls_json_is_a_line_per_stream_and_verify_goes_in_chain_order(store: Store) -> None:
+    bucket = store.bucket()
+    other = next(p for p in STREAMS if p.name == "verity-v3.stream")
+    for stream in (INCR, other, FULL):  # by name: the incremental (0160...) comes first, the full (5751...) last
+        assert run(store, "send", "--to", f"s3://{bucket}/h", str(stream)).returncode == 0
+    listed = run(store, "archive", "ls", "--json", f"s3://{bucket}/h")
+    lines = [json.loads(line) for line in listed.stdout.decode().splitlines()]
+    f, i, o = (stream_identity(p.read_bytes()) for p in (FULL, INCR, other))
+    assert [(x["uuid"], x["depth"], x["parent"]) for x in lines] == [
+        (o["uuid"], 0, None),  # chains oldest first (by ctransid): verity_snap's 5, then rich_base's 7
+        (f["uuid"], 0, None),
+        (i["uuid"], 1, [f["uuid"], f["ctransid"]]),
+    ], lines
+    assert set(lines[0]) == {"name", "uuid", "ctransid", "parent", "snapshot", "size", "stored", "depth"}
+    verified = run(store, "verify", f"s3://{bucket}/h")
+    order = [line.split(":")[0] for line in verified.stdout.decode().splitlines()]
+    assert verified.returncode == 0 and order == [x["name"] for x in lines], verified
+
+
+def test_upload_and_restore_show_progress_time_and_rate_as_send_does(store: Store) -> None:
+    bucket = store.bucket()
+    whole = FULL.read_bytes() + INCR.read_bytes()
+    sent = run(store, "send", "--to", f"s3://{bucket}/p", str(FULL), "--progress", "plain:0.000001")
+    err = sent.stderr.decode()
+    assert sent.returncode == 0 and re.search(r"^sendstream: archived \S+ \S+ \d:\d\d:\d\d \[.*/s\]", err, re.M), err
+    assert f"({len(FULL.read_bytes()):,} bytes) in " in err.splitlines()[-1], err
+    assert run(store, "send", "--to", f"s3://{bucket}/p", str(INCR), "-q").stderr == b""
+    back = run(store, "restore", f"s3://{bucket}/p/rich_incr", "-o", "-", "--progress", "plain:0.000001")
+    err = back.stderr.decode()
+    assert back.returncode == 0 and back.stdout == whole, err
+    assert re.search(r"^sendstream: restored \S+ \S+ \d:\d\d:\d\d \[.*/s\] +\d+% ETA ", err, re.M), err
+    assert re.search(rf"^sendstream: restored .* \({len(whole):,} bytes\) in .*; 2 streams: ", err, re.M), err
+    quiet = run(store, "restore", f"s3://{bucket}/p/rich_incr", "-o", "-", "-q")
+    assert quiet.returncode == 0 and quiet.stderr == b"" and quiet.stdout == whole

@@ -54,8 +54,14 @@ def test_a_stream_is_never_read_from_a_terminal(args: list[str]) -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["repair", str(SAMPLE), "-"], ["convert", str(SAMPLE), "-"], ["receive", "--listen", "127.0.0.1:{port}"]],
-    ids=["repair", "convert", "receive"],
+    [
+        ["repair", str(SAMPLE), "-"],
+        ["convert", str(SAMPLE), "-"],
+        ["receive", "--listen", "127.0.0.1:{port}"],
+        ["restore", "s3://bucket/host/rich_base", "--endpoint-url", "http://127.0.0.1:{port}"],
+        ["restore", "s3://bucket/host/rich_base", "-o", "-", "--endpoint-url", "http://127.0.0.1:{port}"],
+    ],
+    ids=["repair", "convert", "receive", "restore", "restore-dash"],
 )
 def test_a_stream_is_never_written_to_a_terminal(args: list[str]) -> None:
     port = free_port()
@@ -458,7 +464,7 @@ def _arguments(path: list[str], tmp_path: Path, missing: str) -> list[str]:
     return args
 
 
-EXIT_CODES = {0, 1, 2, 3, 4, 5, 6, 7, 8, 130}
+EXIT_CODES = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 130}
 
 
 @pytest.mark.parametrize("path", _commands(), ids=lambda p: "-".join(p))
@@ -514,7 +520,7 @@ def test_the_manual_page_has_every_command_and_exit_code() -> None:
     assert shown.returncode == 0 and page.startswith(".TH SENDSTREAM 1 ")
     for path in _commands():
         assert f".SS {' '.join(path)}\n.nf\nsendstream {' '.join(path)} " in page
-    for code in (0, 1, 2, 3, 4, 5, 6, 7, 8, 130):
+    for code in (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 130):
         assert f".TP\n\\fB{code}\\fR\n" in page
     assert "\\fB\\-\\-max\\-command\\-size BYTES\\fR" in page  # options, escaped for roff
 

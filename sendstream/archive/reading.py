@@ -6,9 +6,11 @@ fetched while the one before is checked, so that a reader holds at most
 ``2 * AHEAD + 1`` of them whatever the stream's size. Every
 command is checked (framing, CRC) before it is handed on; at the end the
 size, command count and ledger must be the manifest's, and (for
-:func:`verify`) the SHA-256. :func:`restore` hands a chain on, full stream
-first; :func:`verify` checks every stream of an archive, many at once in a
-process pool.
+:func:`verify`) the SHA-256. :func:`resolve` finds the chain that makes a
+snapshot and checks its keys, before anything goes on; :func:`restore` hands
+it on, full stream first, each stream's END held back (:class:`EndHeld`)
+until the stream is its manifest's; :func:`verify` checks every stream of an
+archive, in chain order, many at once in a process pool.
 """
 
 from __future__ import annotations
@@ -24,16 +26,19 @@ from typing import Any
 
 from .. import errors as e
 from ..codec.framer import Framer
+from ..format.layout import COMMAND_HEADER_SIZE, STREAM_MAGIC
 from ..io.windows import file_events
+from ..ops.identity import snapshot_name
 from ..ops.ledger import Ledger
 from ..ops.repair import Healer
-from .catalog import Entry, chain_to, entries
+from .catalog import MANIFEST_SUFFIX, Entry, chain_to, chains, entries
 from .hashing import Hasher
 from .seal import SEAL_OVERHEAD, Sealer
 from .store import Location, calling, connect
 
 CHUNK = 8 << 20
 AHEAD = 3  # ranged GETs at once: one GET at a time is slower than the checks
+BEGUN = 8 << 10  # what EndHeld keeps of a stream's start: its header and first command (a path is < 4 KiB)
 
 
 class RangedReader:
@@ -164,18 +169,141 @@ def check(
             )
 
 
-def restore(
-    s3: Any, location: Location, subvolume: str, write: Callable[[Any], object], key: Sealer | None = None
-) -> list[Entry]:
-    """Hand on every stream that makes ``subvolume`` (the full stream, then each incremental) in
-    order, each command checked before it goes on, each stream held to its manifest's ledger (its
-    SHA-256 is left to :func:`verify`: it would cost a third of the restore's CPU); the streams."""
-    chain = chain_to(entries(s3, location), subvolume, location)
+def archived(s3: Any, location: Location) -> list[Entry]:
+    """Every stream archived directly under ``location``; none is :class:`~sendstream.errors.NothingFound`
+    (a prefix with a typo must not pass, under cron, as an archive that checks clean)."""
+    found = entries(s3, location)
+    if not found:
+        raise e.NothingFound(
+            f"{location.url()}: nothing is archived here (no NAME{MANIFEST_SUFFIX} directly under this prefix)"
+        )
+    return found
+
+
+def resolve(s3: Any, location: Location, snapshot: str, key: Sealer | None = None) -> list[Entry]:
+    """The streams that make ``snapshot`` (a snapshot's name or UUID, as ``archive ls`` shows them, or
+    ``UUID.CTRANSID``), full stream first, each one's key checked: all a restore must know before it
+    starts a consumer and hands anything on."""
+    found = archived(s3, location)
+    chain = chain_to(found, _identified(found, snapshot, location), location)
     for entry in chain:
-        opener(entry, location, key)  # every key is right before anything goes out
-    for entry in chain:
-        check(s3, location, entry, write, key, sha256=False)
+        opener(entry, location, key)
     return chain
+
+
+def _identified(found: list[Entry], snapshot: str, location: Location) -> str:
+    """``snapshot`` as ``UUID.CTRANSID``: of a UUID (with or without its ctransid: the newest), else of
+    the one stream that makes the snapshot of that name (two of that name are a usage error)."""
+    uuid, _, ctransid = snapshot.partition(".")
+    matches = [x for x in found if x.uuid == uuid and ctransid in ("", str(x.ctransid))]
+    if not matches:
+        matches = [x for x in found if x.snapshot == snapshot]
+        if len(matches) > 1:
+            named = ", ".join(f"{x.uuid}.{x.ctransid} (stored {x.stored})" for x in sorted(matches, key=_age))
+            raise e.UsageError(
+                f"{location.url()}: {len(matches)} archived snapshots are called {snapshot!r}: {named}; "
+                "give one's UUID.CTRANSID"
+            )
+    if not matches:
+        raise e.NothingFound(
+            f"{location.url()}: no archived stream makes snapshot {snapshot!r} (a name, UUID or UUID.CTRANSID "
+            f"as `sendstream archive ls {location.url()}` shows them)"
+        )
+    newest = max(matches, key=lambda x: x.ctransid)
+    return f"{newest.uuid}.{newest.ctransid}"
+
+
+def _age(entry: Entry) -> tuple[str, int]:
+    return entry.stored, entry.ctransid
+
+
+class EndHeld:
+    """The writer of one stream that hands on all of it but its last :data:`COMMAND_HEADER_SIZE` bytes, its
+    END command (which has no attributes), until :meth:`release`.
+
+    ``btrfs receive`` finalizes a snapshot (read-only, received) at END, so no END may go on before the
+    stream is its manifest's. END is the stream's last command: the framer refuses anything after it but a
+    stream header, and a second header is refused here (before the END ahead of it goes on). No command
+    starts with the header's magic: its length would be past every limit, which the framer refused.
+    """
+
+    def __init__(self, write: Callable[[Any], object], wrote: Callable[[int], object] = lambda n: None) -> None:
+        self._write = write
+        self._wrote = wrote
+        self._held = b""
+        self.handed = 0  # bytes handed on
+        self.begun = b""  # the first BEGUN of them: what the consumer began to make
+
+    def __call__(self, data: Any) -> None:
+        n = len(data)
+        if (self.handed or self._held) and bytes(data[: len(STREAM_MAGIC)]) == STREAM_MAGIC:
+            raise e.ManifestMismatch(
+                "a second stream begins after its END", offset=self.handed + len(self._held), expected="one stream"
+            )
+        if n >= COMMAND_HEADER_SIZE:
+            self._pass(self._held)
+            self._pass(data[: n - COMMAND_HEADER_SIZE])
+            self._held = bytes(data[n - COMMAND_HEADER_SIZE :])
+        else:
+            joined = self._held + bytes(data)
+            self._pass(joined[: len(joined) - COMMAND_HEADER_SIZE])
+            self._held = joined[-COMMAND_HEADER_SIZE:]
+
+    def release(self) -> None:
+        """The stream is its manifest's: hand its END on."""
+        self._pass(self._held)
+        self._held = b""
+
+    def _pass(self, data: Any) -> None:
+        if len(data) > 0:
+            self._write(data)
+            self._wrote(len(data))
+            if len(self.begun) < BEGUN:
+                self.begun += bytes(data[: BEGUN - len(self.begun)])
+            self.handed += len(data)
+
+
+def restore(
+    s3: Any,
+    location: Location,
+    chain: list[Entry],
+    write: Callable[[Any], object],
+    key: Sealer | None = None,
+    *,
+    consumer: str | None = None,
+    wrote: Callable[[int], object] = lambda n: None,
+) -> None:
+    """Hand on the streams of ``chain`` (:func:`resolve`) in order, each command checked before it goes
+    on (``wrote`` hears the size of each write), each stream's END only once the stream is its manifest's
+    (its ledger: its SHA-256 is left to :func:`verify`, it would cost a third of the restore's CPU).
+
+    A stream that fails is a :class:`~sendstream.errors.RestoreStopped` that says what ``consumer`` (an
+    ``--exec`` command, standard output; None: a file, which is not kept) was left with."""
+    for done, entry in enumerate(chain):
+        held = EndHeld(write, wrote)
+        try:
+            check(s3, location, entry, held, key, sha256=False)
+        except e.SendStreamError as exc:
+            raise e.RestoreStopped(location.url(entry.name), exc, _left(consumer, done, held)) from exc
+        held.release()
+
+
+def _left(consumer: str | None, done: int, held: EndHeld) -> str:
+    """What ``consumer`` has when a restore stopped inside the stream ``held`` was handing on, after ``done``
+    whole streams: the snapshot that stream began is named from what went on, not from its manifest."""
+    if consumer is None:
+        return ""
+    before = f" (and the {done} stream{'s' * (done != 1)} before it, whole)" if done else ""
+    if not held.handed:
+        return f"{consumer} was given nothing of it{before}"
+    name = snapshot_name(held.begun)
+    made = (
+        f"under btrfs receive, {name!r} is left a writable subvolume that was not received: delete it "
+        f"(btrfs subvolume delete DIR/{name}) before restoring again"
+        if name
+        else "btrfs receive began no subvolume of it"
+    )
+    return f"{consumer} was given {held.handed} bytes of it, not its END{before}: {made}"
 
 
 @dataclass(frozen=True)
@@ -195,12 +323,15 @@ def verify(
     key: bytes | None = None,
 ) -> Iterator[Verdict]:
     """Check every stream archived at ``location`` in place, ``workers`` (every core) at once, each in
-    a process of its own with its own connection; verdicts in the archive's order as they come."""
-    found = entries(s3, location)
+    a process of its own with its own connection; verdicts in chain order (as ``archive ls`` lists them)."""
+    found = archived(s3, location)
+    ordered = [entry for tree in chains(found) for _, entry in tree]
+    listed = set(ordered)
+    ordered += [x for x in found if x not in listed]  # streams whose parents go round in a circle
     workers = workers or len(os.sched_getaffinity(0))
     context = multiprocessing.get_context("spawn")  # no fork of a process with threads and connections
     with ProcessPoolExecutor(min(workers, max(1, len(found))), mp_context=context) as pool:
-        jobs = [pool.submit(_verdict, endpoint_url, location, entry, key) for entry in found]
+        jobs = [pool.submit(_verdict, endpoint_url, location, entry, key) for entry in ordered]
         for job in jobs:
             yield job.result()
 
