@@ -11,7 +11,7 @@ import click
 from . import errors as e
 from .manual import epilog
 from .net.progress import size
-from .terminal import Group, logger, warner
+from .terminal import Group, error, logger, warner
 
 if TYPE_CHECKING:
     from .archive.store import Location
@@ -136,6 +136,14 @@ def restore(
     click.echo(f"sendstream: restored {len(chain)} stream{'s' * (len(chain) != 1)}: {names}", err=True)
 
 
+def problems_found(problems: list[e.BadManifest]) -> None:
+    """Name each problem of the archive; then exit with their code, when there are any."""
+    for problem in problems:
+        error(str(problem))
+    if problems:
+        raise SystemExit(problems[0].exit_code)
+
+
 @click.group(cls=Group)
 def archive() -> None:
     """What an archive in object storage (s3://BUCKET/PREFIX) holds."""
@@ -150,15 +158,18 @@ def archive_ls(url: str, as_json: bool, endpoint_url: str | None) -> None:
     from .archive.catalog import chains, entries
 
     location, s3 = where(url, endpoint_url)
-    trees = chains(entries(s3, location))
+    problems: list[e.BadManifest] = []
+    trees = chains(entries(s3, location, problems), problems)
     if as_json:
         click.echo(json.dumps([[dict(x.summary(), depth=d) for d, x in tree] for tree in trees], indent=1))
+        problems_found(problems)
         return
     for tree in trees:
         for depth, entry in tree:
             kind = "full" if entry.parent is None else ("incremental" if depth else "incremental, parent missing")
             line = f"{'  ' * depth}{entry.uuid}.{entry.ctransid}  {kind}  {size(entry.size)}  {entry.stored}"
             click.echo(line + (f"  {entry.snapshot}" if entry.snapshot else ""))
+    problems_found(problems)
 
 
 @archive.command("prune", epilog=epilog("archive prune"))
@@ -173,7 +184,8 @@ def archive_prune(url: str, keep_last: int | None, since: str | None, dry_run: b
 
     keeping(keep_last, since)  # before the store is asked anything
     location, s3 = where(url, endpoint_url)
-    kept, dropped = plan_prune(entries(s3, location), keep_last, since)
+    problems: list[e.BadManifest] = []
+    kept, dropped = plan_prune(entries(s3, location, problems), keep_last, since, problems)
     for entry in dropped:
         if not dry_run:
             remove(s3, location, entry)
@@ -181,3 +193,4 @@ def archive_prune(url: str, keep_last: int | None, since: str | None, dry_run: b
     gone = sum(x.size for x in dropped)
     verb = "would go" if dry_run else "deleted"
     click.echo(f"sendstream: {len(kept)} kept, {len(dropped)} {verb} ({size(gone)})", err=True)
+    problems_found(problems)

@@ -38,7 +38,7 @@ from ..ops.repair import Healer
 from ..ops.stored import manifest, stream_name
 from . import state
 from .hashing import Hasher
-from .seal import SEAL_OVERHEAD, Sealer
+from .seal import Sealer, sealed_size
 from .store import Location, calling, missing
 
 PART_SIZE = 8 << 20
@@ -190,7 +190,7 @@ class Parts:
             self.parts += 1
             self.size = end
             return
-        stored = len(part) + (SEAL_OVERHEAD if self._sealer else 0)
+        stored = sealed_size(len(part)) if self._sealer else len(part)
         if self.size < self._skip_to:
             raise e.ResumeError(
                 f"this run cuts a part at offset {end}, the earlier run at {self._skip_to}: "
