@@ -33,6 +33,14 @@ encrypt_key_option = click.option(
 )
 
 
+change_sealing_option = click.option(
+    "--change-sealing",
+    is_flag=True,
+    help="For s3://: archive the stream sealed otherwise (another --encrypt-key, or none) than the newest "
+    "stream there; its later streams then follow it. Without it that is refused.",
+)
+
+
 def sealer(key_file: str | None) -> Any:
     """The :class:`~sendstream.archive.seal.Sealer` of ``--encrypt-key FILE`` (None without)."""
     if key_file is None:
@@ -58,6 +66,7 @@ def send_to_archive(
     encrypt_key: str | None,
     retrying: dict[str, Any],
     quiet: bool,
+    change_sealing: bool = False,
 ) -> None:
     """``send --to s3://...``: archive STREAM there (``retrying``: ``resumable``, ``retries``, ``retry_delay``)."""
     from .archive.upload import upload
@@ -76,6 +85,7 @@ def send_to_archive(
     done = upload(
         stream, location, s3, warn=warner(), key=key, notice=note,
         retries=retrying["retries"] if key else 0, retry_delay=retrying["retry_delay"], sealer=sealer(encrypt_key),
+        change_sealing=change_sealing,
     )  # fmt: skip
     if done.resumed and not quiet:
         note(f"resumed at offset {done.resumed}: the parts before it were there already")

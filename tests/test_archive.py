@@ -626,6 +626,47 @@ def test_a_forged_manifest_makes_prune_delete_no_kept_stream(store: Store) -> No
     assert back.returncode == 0 and back.stdout == FULL.read_bytes() + INCR.read_bytes()
 
 
+def test_a_resumed_upload_is_sealed_as_it_began(store: Store, tmp_path: Path) -> None:
+    bucket = store.bucket()
+    path, whole = _long_stream(tmp_path, copies=80)  # 22 MB: three parts
+    key, seal = key_file(tmp_path / "k.key"), key_file(tmp_path / "seal.key")
+    proc = _slow_upload(store, f"s3://{bucket}/m", key, whole, 17 << 20)
+    _until_state(store, bucket, 1)
+    proc.kill()
+    proc.wait()
+    argv = ["send", "--to", f"s3://{bucket}/m", str(path), "--resumable", "--key", str(key)]
+    sealed = run(store, *argv, "--encrypt-key", str(seal))
+    assert sealed.returncode == 2, sealed.stderr
+    assert (
+        b"the earlier run's parts are not encrypted, this run's would be sealed with key sha256:" in sealed.stderr
+        and b"run it again without --encrypt-key; or start over: delete s3://" in sealed.stderr
+    ), sealed.stderr
+    plain = run(store, *argv)
+    assert plain.returncode == 0 and b"resumed at offset" in plain.stderr, plain.stderr
+    back = run(store, "restore", f"s3://{bucket}/m/{stream_identity(whole)['uuid']}", "-o", "-")
+    assert back.returncode == 0 and back.stdout == whole
+
+
+def test_a_prefix_keeps_one_sealing_unless_told_to_change(store: Store, tmp_path: Path) -> None:
+    bucket = store.bucket()
+    key, other = (["--encrypt-key", str(key_file(tmp_path / f"{n}.key"))] for n in ("k", "other"))
+    assert run(store, "send", "--to", f"s3://{bucket}/k", str(FULL), *key).returncode == 0
+    forgot = run(store, "send", "--to", f"s3://{bucket}/k", str(INCR))
+    assert forgot.returncode == 2 and f"s3://{bucket}/k/: its streams are sealed with key sha256:".encode() in (
+        forgot.stderr
+    ), forgot.stderr
+    assert b"this one would not be: give --encrypt-key FILE of that key, or --change-sealing" in forgot.stderr
+    wrong = run(store, "send", "--to", f"s3://{bucket}/k", str(INCR), *other)
+    assert wrong.returncode == 2 and b"this one would be sealed with key sha256:" in wrong.stderr, wrong.stderr
+    assert run(store, "send", "--to", f"s3://{bucket}/k", str(INCR), *key).returncode == 0
+    assert run(store, "send", "--to", f"s3://{bucket}/q", str(FULL)).returncode == 0
+    sealed = run(store, "send", "--to", f"s3://{bucket}/q", str(INCR), *key)
+    assert sealed.returncode == 2 and b"its streams are not encrypted" in sealed.stderr, sealed.stderr
+    changed = run(store, "send", "--to", f"s3://{bucket}/q", str(INCR), *key, "--change-sealing")
+    assert changed.returncode == 0, changed.stderr
+    assert len(_keys(store, bucket)) == 8  # two streams and their manifests in each prefix, nothing else
+
+
 def test_a_store_that_ignores_ranges_costs_no_memory(store: Store, tmp_path: Path) -> None:
     """restore and verify against a store that answers every ranged GET with the whole object (256 MiB),
     and restore from a store that behaves (42 MB, SeaweedFS): each within the bound."""
