@@ -49,6 +49,23 @@ class UploadState:
     def checkpoint(self) -> Checkpoint:
         return Checkpoint(self.stream, self.offset, self.commands, self.ledger)
 
+    def refuse_other_sealing(self, sealing: dict[str, Any] | None, location: Location, name: str) -> None:
+        """Refuse to take this upload of ``name`` up with parts ``sealing`` otherwise than its own, saying
+        what to do."""
+        if sealing == self.sealing:
+            return
+
+        def said(how: dict[str, Any] | None) -> str:
+            return f"sealed with key {how['key']} ({how['cipher']})" if how else "not encrypted"
+
+        again = f"with --encrypt-key FILE of key {self.sealing['key']}" if self.sealing else "without --encrypt-key"
+        url = location.url(name + STATE_SUFFIX)
+        raise e.ResumeError(
+            f"{url}: the earlier run's parts are {said(self.sealing)}, this run's would be {said(sealing)}: "
+            f"run it again {again}; or start over: delete {url} and abort the multipart upload "
+            f"{self.upload_id} of {location.url(self.key)}"
+        )
+
 
 def _mac(key: bytes, payload: bytes) -> str:
     state_key = hmac.new(key, b"sendstream upload state 1", hashlib.sha256).digest()

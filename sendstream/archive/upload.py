@@ -238,28 +238,8 @@ class Parts:
         self.name = stream_name(self.identity)
         _refuse_archived(self._s3, self.location, self.name)
         if self._key and (earlier := state.load(self._s3, self.location, self.name, self._key)) is not None:
-            self._same_sealing(earlier)
+            earlier.refuse_other_sealing(self._sealer.description if self._sealer else None, self.location, self.name)
             self._take_up(earlier)
-
-    def _same_sealing(self, earlier: state.UploadState) -> None:
-        """Refuse to take up an upload whose parts are sealed otherwise than this run's would be."""
-        sealing = self._sealer.description if self._sealer else None
-        if earlier.sealing == sealing:
-            return
-        assert self.name is not None
-
-        def said(how: dict[str, Any] | None) -> str:
-            return f"sealed with key {how['key']} ({how['cipher']})" if how else "not encrypted"
-
-        again = (
-            f"with --encrypt-key FILE of key {earlier.sealing['key']}" if earlier.sealing else "without --encrypt-key"
-        )
-        url = self.location.url(self.name + state.STATE_SUFFIX)
-        raise e.ResumeError(
-            f"{url}: the earlier run's parts are {said(earlier.sealing)}, this run's would be {said(sealing)}: "
-            f"run it again {again}; or start over: delete {url} and abort the multipart upload "
-            f"{earlier.upload_id} of {self.location.url(earlier.key)}"
-        )
 
     def _take_up(self, earlier: state.UploadState) -> None:
         key = self.location.key(earlier.key)
