@@ -14,7 +14,7 @@ from . import errors as e
 from .manual import epilog
 from .net.progress import BAR, Summary, size
 from .options import ProgressOptions, json_option, progress_options
-from .terminal import Group, logger, warner
+from .terminal import Group, error, logger, warner
 
 if TYPE_CHECKING:
     from .archive.store import Location
@@ -34,6 +34,14 @@ encrypt_key_option = click.option(
     metavar="FILE",
     default=None,
     help="For s3://: the 32-byte key (sendstream key new FILE) its parts are sealed with, AES-256-GCM.",
+)
+
+
+change_sealing_option = click.option(
+    "--change-sealing",
+    is_flag=True,
+    help="For s3://: archive the stream sealed otherwise (another --encrypt-key, or none) than the newest "
+    "stream there; its later streams then follow it. Without it that is refused.",
 )
 
 
@@ -62,6 +70,7 @@ def send_to_archive(
     encrypt_key: str | None,
     retrying: dict[str, Any],
     show: ProgressOptions,
+    change_sealing: bool = False,
 ) -> None:
     """``send --to s3://...``: archive STREAM there (``retrying``: ``resumable``, ``retries``, ``retry_delay``),
     its progress shown as ``send`` shows a transfer's."""
@@ -84,6 +93,7 @@ def send_to_archive(
         done = upload(
             stream, location, s3, warn=warner(), key=key, notice=_notice(progress), wrote=progress.add,
             retries=retrying["retries"] if key else 0, retry_delay=retrying["retry_delay"], sealer=sealer(encrypt_key),
+            change_sealing=change_sealing,
         )  # fmt: skip
     finally:
         progress.done()
@@ -176,6 +186,14 @@ def restore(
         click.echo(f"sendstream: {Summary(progress.bytes, progress.seconds, streams).line('restored')}", err=True)
 
 
+def problems_found(problems: list[e.BadManifest]) -> None:
+    """Name each problem of the archive; then exit with their code, when there are any."""
+    for problem in problems:
+        error(str(problem))
+    if problems:
+        raise SystemExit(problems[0].exit_code)
+
+
 @click.group(cls=Group)
 def archive() -> None:
     """What an archive in object storage (s3://BUCKET/PREFIX) holds."""
@@ -191,7 +209,8 @@ def archive_ls(url: str, as_json: bool, endpoint_url: str | None) -> None:
     from .archive.reading import archived
 
     location, s3 = where(url, endpoint_url)
-    for tree in chains(archived(s3, location)):
+    problems: list[e.BadManifest] = []
+    for tree in chains(archived(s3, location, problems), problems):
         for depth, entry in tree:
             if as_json:
                 click.echo(json.dumps(dict(entry.summary(), depth=depth), sort_keys=True))
@@ -199,6 +218,7 @@ def archive_ls(url: str, as_json: bool, endpoint_url: str | None) -> None:
             kind = "full" if entry.parent is None else ("incremental" if depth else "incremental, parent missing")
             line = f"{'  ' * depth}{entry.uuid}.{entry.ctransid}  {kind}  {size(entry.size)}  {entry.stored}"
             click.echo(line + (f"  {entry.snapshot}" if entry.snapshot else ""))
+    problems_found(problems)
 
 
 @archive.command("prune", epilog=epilog("archive prune"))
@@ -214,7 +234,8 @@ def archive_prune(url: str, keep_last: int | None, since: str | None, dry_run: b
 
     keeping(keep_last, since)  # before the store is asked anything
     location, s3 = where(url, endpoint_url)
-    kept, dropped = plan_prune(archived(s3, location), keep_last, since)
+    problems: list[e.BadManifest] = []
+    kept, dropped = plan_prune(archived(s3, location, problems), keep_last, since, problems)
     for entry in dropped:
         if not dry_run:
             remove(s3, location, entry)
@@ -222,3 +243,4 @@ def archive_prune(url: str, keep_last: int | None, since: str | None, dry_run: b
     gone = sum(x.size for x in dropped)
     verb = "would go" if dry_run else "deleted"
     click.echo(f"sendstream: {len(kept)} kept, {len(dropped)} {verb} ({size(gone)})", err=True)
+    problems_found(problems)

@@ -337,6 +337,18 @@ class RestoreStopped(SendStreamError):
         super().__init__(f"{stream}: {cause}" + (f"; {left}" if left else ""))
 
 
+class BadManifest(SendStreamError):
+    """An archive holds manifests that cannot be taken as they are: one that is not ours or says another
+    stream than its name, or streams whose parents go round in a circle. ``streams``: their names.
+    The rest of the archive is read all the same; the command exits with this code at its end."""
+
+    exit_code = EXIT_CORRUPT
+
+    def __init__(self, where: str, reason: str, streams: tuple[str, ...] = ()) -> None:
+        self.where, self.reason, self.streams = where, reason, streams
+        super().__init__(f"{where}: {reason}")
+
+
 # --- extraction ---------------------------------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ import click
 
 from . import errors as e
 from .admin import list_held
-from .archives import encrypt_key_option, endpoint_option
+from .archives import change_sealing_option, encrypt_key_option, endpoint_option
 from .io.windows import open_input
 from .options import (
     ListenOptions,
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 @progress_options
 @endpoint_option
 @encrypt_key_option
+@change_sealing_option
 @verbose_option("Say which TLS path each direction uses (with why kTLS is off), and every reconnect.")
 def send(
     target: str,
@@ -61,6 +62,7 @@ def send(
     show: ProgressOptions,
     endpoint_url: str | None,
     encrypt_key: str | None,
+    change_sealing: bool,
     verbose: bool,
 ) -> None:
     """Check, heal and send STREAM (a file or -, e.g. from `btrfs send`) to HOST:PORT.
@@ -87,10 +89,14 @@ def send(
     if target.startswith("s3://"):
         from .archives import send_to_archive
 
-        send_to_archive(target, stream, endpoint_url, tls.key_file, encrypt_key, sending.retrying(), show)
+        send_to_archive(
+            target, stream, endpoint_url, tls.key_file, encrypt_key, sending.retrying(), show, change_sealing
+        )
         return
     if encrypt_key is not None:
         raise e.UsageError("--encrypt-key is for s3://: a transfer is encrypted by TLS")
+    if change_sealing:
+        raise e.UsageError("--change-sealing is for s3://")
     if listing:
         list_held(sending.connector(target, tls, tls.key(), logger(verbose)), as_json)
         return

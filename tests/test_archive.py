@@ -3,7 +3,9 @@ real S3 server (SeaweedFS)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 import random
@@ -12,23 +14,30 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support.btrfs import need_root_btrfs
 from support.loopfs import btrfs_loop
+from support.lying_store import Pattern, lying_store
 from support.net import CMD, free_port, key_file, wait_listening
+from support.rss import peak_rss
 from support.s3 import Store, seaweedfs
 from support.streams import STREAMS, boundaries
 from support.trees import differences
 
-from sendstream.archive.catalog import entries
+from sendstream import errors as e
+from sendstream.archive.catalog import MAX_LISTED, chains, entries, plan_prune, read_manifest
 from sendstream.archive.reading import check
+from sendstream.archive.seal import SEGMENT, Sealer, opened_size, sealed_size
 from sendstream.archive.store import Location
 from sendstream.archive.upload import upload
 from sendstream.codec.crc import crc32c
 from sendstream.ops.identity import stream_identity
-from sendstream.ops.stored import stream_name
+from sendstream.ops.stored import manifest, stream_name
 
 FULL = next(p for p in STREAMS if p.name == "rich-full-v2.stream")
 
@@ -39,8 +48,10 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
         yield running
 
 
-def run(store: Store, *args: str, data: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([*CMD, *args], input=data, capture_output=True, env=store.env, timeout=300)
+def run(
+    store: Store, *args: str, data: bytes | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([*CMD, *args], input=data, capture_output=True, env=store.env, timeout=timeout)
 
 
 def name_of(data: bytes) -> str:
@@ -295,7 +306,7 @@ def test_sealed_parts_leave_nothing_readable_in_the_store(store: Store, tmp_path
     body[(9 << 20)] ^= 1  # in the second part
     client.put_object(Bucket=bucket, Key=f"e/{name_of(whole)}", Body=bytes(body))
     bad = run(store, "verify", f"s3://{bucket}/e", *sealed)
-    first = note["objects"][0]["parts"][0] - 28  # where the second part's content starts in the stream
+    first = opened_size(note["objects"][0]["parts"][0])  # where the second part's content starts in the stream
     assert (
         bad.returncode == 1
         and f"offset {first}: differs from its manifest: part 2 does not open".encode() in bad.stdout
@@ -612,3 +623,324 @@ def test_upload_and_restore_show_progress_time_and_rate_as_send_does(store: Stor
     assert re.search(rf"^sendstream: restored .* \({len(whole):,} bytes\) in .*; 2 streams: ", err, re.M), err
     quiet = run(store, "restore", f"s3://{bucket}/p/rich_incr", "-o", "-", "-q")
     assert quiet.returncode == 0 and quiet.stderr == b"" and quiet.stdout == whole
+
+
+# --- an archive that lies: what anyone who can write to the bucket, or a broken store, can do -------------------
+
+OTHER = next(p for p in STREAMS if p.name == "compressed-v2.stream")
+MEMORY_BOUND = 200 << 20  # peak RSS of restore, verify and archive ls, whatever the store answers (README)
+
+
+def _forged(
+    uuid: str,
+    ctransid: int,
+    parent: tuple[str, int] | None = None,
+    stored: str = "2020-01-01T00:00:00+00:00",
+    size: int = 100,
+    **sealed: object,
+) -> tuple[str, bytes]:
+    """The name and manifest of a stream of ``size`` bytes that says what its name says, in one object
+    (never stored); ``sealed``: ``encryption``, and the object's ``held`` size and ``parts``."""
+    identity = {
+        "version": 2, "command": "snapshot" if parent else "subvol", "uuid": uuid, "ctransid": ctransid,
+        "parent_uuid": parent[0] if parent else None, "parent_ctransid": parent[1] if parent else None,
+        "prefix": 0, "sha256": "0" * 64,
+    }  # fmt: skip
+    name = stream_name(identity)
+    held = {"size": sealed.pop("held"), "parts": sealed.pop("parts")} if sealed else {"size": size}
+    note = manifest(
+        identity, size=size, sha256="0" * 64, commands=1, ledger="0", objects=[{"key": name, **held}],
+        stored=stored, host="forged", **sealed,
+    )  # fmt: skip
+    return name, note
+
+
+def _uuid(n: int) -> str:
+    return f"00000000-0000-4000-8000-{n:012d}"
+
+
+def _keys(store: Store, bucket: str) -> set[str]:
+    return {o["Key"] for page in store.client().get_paginator("list_objects_v2").paginate(Bucket=bucket)
+            for o in page.get("Contents", [])}  # fmt: skip
+
+
+def test_with_a_key_a_plain_stream_in_place_of_a_sealed_one_is_refused(store: Store, tmp_path: Path) -> None:
+    bucket, client = store.bucket(), store.client()
+    sealed = ["--encrypt-key", str(key_file(tmp_path / "k.key"))]
+    assert run(store, "send", "--to", f"s3://{bucket}/e", str(FULL), *sealed).returncode == 0
+    assert run(store, "send", "--to", f"s3://{bucket}/p", str(FULL)).returncode == 0
+    name = name_of(FULL.read_bytes())
+    for key in (name, name + ".json"):  # the plain stream and its manifest put over the sealed ones
+        client.copy_object(Bucket=bucket, Key=f"e/{key}", CopySource={"Bucket": bucket, "Key": f"p/{key}"})
+    uuid = stream_identity(FULL.read_bytes())["uuid"]
+    back = run(store, "restore", f"s3://{bucket}/e/{uuid}", "-o", "-", *sealed)
+    refused = f"s3://{bucket}/e/{name} is not encrypted, but --encrypt-key was given: refused".encode()
+    assert back.returncode == 2 and back.stdout == b"" and refused in back.stderr, back.stderr
+    verified = run(store, "verify", f"s3://{bucket}/e", *sealed)
+    assert verified.returncode == 1 and refused in verified.stdout, verified
+
+
+def test_a_stream_that_is_not_what_its_name_says_is_refused(store: Store) -> None:
+    """Another snapshot's stream put in place of one, its manifest made to match in all but the identity."""
+    bucket, client = store.bucket(), store.client()
+    for stream, prefix in ((FULL, "s"), (OTHER, "o")):
+        assert run(store, "send", "--to", f"s3://{bucket}/{prefix}", str(stream)).returncode == 0
+    name, other = name_of(FULL.read_bytes()), name_of(OTHER.read_bytes())
+    note = json.loads(client.get_object(Bucket=bucket, Key=f"s/{name}.json")["Body"].read())
+    theirs = json.loads(client.get_object(Bucket=bucket, Key=f"o/{other}.json")["Body"].read())
+    note.update({k: theirs[k] for k in ("size", "sha256", "commands", "ledger", "version")})
+    note["objects"][0]["size"] = theirs["size"]
+    client.put_object(Bucket=bucket, Key=f"s/{name}", Body=OTHER.read_bytes())
+    client.put_object(Bucket=bucket, Key=f"s/{name}.json", Body=json.dumps(note).encode())
+    said = stream_identity(OTHER.read_bytes())
+    wrong = f"offset 17: differs from its manifest: its first command is a subvol of {said['uuid']} at ctransid 12"
+    back = run(store, "restore", f"s3://{bucket}/s/{stream_identity(FULL.read_bytes())['uuid']}", "-o", "-")
+    assert back.returncode == 1 and back.stdout == b"" and wrong.encode() in back.stderr, back.stderr
+    verified = run(store, "verify", f"s3://{bucket}/s")
+    assert verified.returncode == 1 and wrong.encode() in verified.stdout, verified
+
+
+def test_bad_manifests_are_named_and_the_rest_is_read(store: Store) -> None:
+    """Junk, JSON that is no object, a manifest of another stream than its name, and a damaged one in the
+    middle of a chain: each named; the good streams listed, verified, restored, and pruned with care."""
+    bucket, client = store.bucket(), store.client()
+    for stream in (FULL, INCR):
+        assert run(store, "send", "--to", f"s3://{bucket}/b", str(stream)).returncode == 0
+    first, _ = _forged(_uuid(1), 1)
+    middle, _ = _forged(_uuid(2), 2, (_uuid(1), 1))
+    last, last_note = _forged(_uuid(3), 3, (_uuid(2), 2), stored="2020-03-01T00:00:00+00:00")
+    bad = {
+        _forged(_uuid(7), 7)[0]: b"\x00junk",
+        _forged(_uuid(8), 8)[0]: b"[1, 2]",
+        _forged(_uuid(9), 9)[0]: _forged(_uuid(10), 10)[1],  # says another stream than its name
+        middle: _forged(_uuid(2), 2, (_uuid(1), 1))[1][:-40],  # cut short
+    }
+    for name, body in {**bad, first: _forged(_uuid(1), 1)[1], last: last_note}.items():
+        client.put_object(Bucket=bucket, Key=f"b/{name}.json", Body=body)
+    listed = run(store, "archive", "ls", f"s3://{bucket}/b")
+    assert listed.returncode == 1 and b"Traceback" not in listed.stderr, listed.stderr
+    f, i = (stream_identity(p.read_bytes()) for p in (FULL, INCR))
+    assert [line.split("  ")[:2] for line in listed.stdout.decode().splitlines()] == [
+        [f"{_uuid(1)}.1", "full"], [f"{_uuid(3)}.3", "incremental, parent missing"],
+        [f"{f['uuid']}.{f['ctransid']}", "full"], ["", f"{i['uuid']}.{i['ctransid']}"],
+    ]  # fmt: skip
+    why = dict(zip(bad, [
+        "not valid JSON", "the manifest is [1, 2], not a JSON object",
+        f"its stream is {_uuid(10)} at ctransid 10, not {_uuid(9)} at ctransid 9 as its name says", "not valid JSON",
+    ], strict=True))  # fmt: skip
+    errors = sorted(line for line in listed.stderr.decode().splitlines() if line.startswith("sendstream: error: "))
+    assert len(errors) == 4, listed.stderr
+    for line, name in zip(errors, sorted(bad), strict=True):
+        assert line.startswith(f"sendstream: error: s3://{bucket}/b/{name}.json: not a sound manifest: ")
+        assert why[name] in line, line
+    verified = run(store, "verify", f"s3://{bucket}/b")
+    report = dict(line.split(": ", 1) for line in verified.stdout.decode().splitlines())
+    assert verified.returncode == 1 and report[name_of(FULL.read_bytes())] == "ok", verified
+    assert report[name_of(INCR.read_bytes())] == "ok" and all(report[name].startswith("not a sound") for name in bad)
+    back = run(store, "restore", f"s3://{bucket}/b/{i['uuid']}", "-o", "-")
+    assert back.returncode == 0 and back.stdout == FULL.read_bytes() + INCR.read_bytes(), back.stderr
+    before = _keys(store, bucket)
+    pruned = run(store, "archive", "prune", f"s3://{bucket}/b", "--keep-since", "2020-02-01")
+    assert pruned.returncode == 1 and b"4 kept, 0 deleted" in pruned.stderr, (
+        pruned.stderr
+    )  # the first by the middle's name
+    assert _keys(store, bucket) == before
+
+
+def test_a_forged_manifest_makes_prune_delete_no_kept_stream(store: Store) -> None:
+    """An old manifest naming a kept stream's objects, and a --keep-last larger than the archive."""
+    bucket, client = store.bucket(), store.client()
+    for stream in (FULL, INCR):
+        assert run(store, "send", "--to", f"s3://{bucket}/f", str(stream)).returncode == 0
+    names = [name_of(p.read_bytes()) for p in (FULL, INCR)]
+    forged, note = _forged(_uuid(1), 1, stored="2019-01-01T00:00:00+00:00")
+    body = json.loads(note)
+    body["objects"] = [
+        {"key": n, "size": s} for n, s in zip(names, (FULL.stat().st_size, INCR.stat().st_size), strict=True)
+    ]
+    body["size"] = sum(o["size"] for o in body["objects"])
+    client.put_object(Bucket=bucket, Key=f"f/{forged}.json", Body=json.dumps(body).encode())
+    old, old_note = _forged(_uuid(2), 2, stored="2019-02-01T00:00:00+00:00")  # sound, and older than the rest
+    client.put_object(Bucket=bucket, Key=f"f/{old}.json", Body=old_note)
+    before = _keys(store, bucket)
+    pruned = run(store, "archive", "prune", f"s3://{bucket}/f", "--keep-last", "5")
+    assert pruned.returncode == 1 and b"3 kept, 0 deleted" in pruned.stderr, pruned.stderr
+    assert f"{forged}.json: not a sound manifest: its objects are".encode() in pruned.stderr
+    assert _keys(store, bucket) == before
+    pruned = run(store, "archive", "prune", f"s3://{bucket}/f", "--keep-last", "1")
+    assert pruned.returncode == 1 and b"2 kept, 1 deleted" in pruned.stderr, pruned.stderr
+    assert _keys(store, bucket) == before - {f"f/{old}.json"}  # the kept ones' objects all there
+    back = run(store, "restore", f"s3://{bucket}/f/{stream_identity(INCR.read_bytes())['uuid']}", "-o", "-")
+    assert back.returncode == 0 and back.stdout == FULL.read_bytes() + INCR.read_bytes()
+
+
+def test_a_resumed_upload_is_sealed_as_it_began(store: Store, tmp_path: Path) -> None:
+    bucket = store.bucket()
+    path, whole = _long_stream(tmp_path, copies=80)  # 22 MB: three parts
+    key, seal = key_file(tmp_path / "k.key"), key_file(tmp_path / "seal.key")
+    proc = _slow_upload(store, f"s3://{bucket}/m", key, whole, 17 << 20)
+    _until_state(store, bucket, 1)
+    proc.kill()
+    proc.wait()
+    argv = ["send", "--to", f"s3://{bucket}/m", str(path), "--resumable", "--key", str(key)]
+    sealed = run(store, *argv, "--encrypt-key", str(seal))
+    assert sealed.returncode == 2, sealed.stderr
+    assert (
+        b"the earlier run's parts are not encrypted, this run's would be sealed with key sha256:" in sealed.stderr
+        and b"run it again without --encrypt-key; or start over: delete s3://" in sealed.stderr
+    ), sealed.stderr
+    plain = run(store, *argv)
+    assert plain.returncode == 0 and b"resumed at offset" in plain.stderr, plain.stderr
+    back = run(store, "restore", f"s3://{bucket}/m/{stream_identity(whole)['uuid']}", "-o", "-")
+    assert back.returncode == 0 and back.stdout == whole
+
+
+def test_a_prefix_keeps_one_sealing_unless_told_to_change(store: Store, tmp_path: Path) -> None:
+    bucket = store.bucket()
+    key, other = (["--encrypt-key", str(key_file(tmp_path / f"{n}.key"))] for n in ("k", "other"))
+    assert run(store, "send", "--to", f"s3://{bucket}/k", str(FULL), *key).returncode == 0
+    forgot = run(store, "send", "--to", f"s3://{bucket}/k", str(INCR))
+    assert forgot.returncode == 2 and f"s3://{bucket}/k/: its streams are sealed with key sha256:".encode() in (
+        forgot.stderr
+    ), forgot.stderr
+    assert b"this one would not be: give --encrypt-key FILE of that key, or --change-sealing" in forgot.stderr
+    wrong = run(store, "send", "--to", f"s3://{bucket}/k", str(INCR), *other)
+    assert wrong.returncode == 2 and b"this one would be sealed with key sha256:" in wrong.stderr, wrong.stderr
+    assert run(store, "send", "--to", f"s3://{bucket}/k", str(INCR), *key).returncode == 0
+    assert run(store, "send", "--to", f"s3://{bucket}/q", str(FULL)).returncode == 0
+    sealed = run(store, "send", "--to", f"s3://{bucket}/q", str(INCR), *key)
+    assert sealed.returncode == 2 and b"its streams are not encrypted" in sealed.stderr, sealed.stderr
+    changed = run(store, "send", "--to", f"s3://{bucket}/q", str(INCR), *key, "--change-sealing")
+    assert changed.returncode == 0, changed.stderr
+    assert len(_keys(store, bucket)) == 8  # two streams and their manifests in each prefix, nothing else
+
+
+def test_a_store_that_ignores_ranges_costs_no_memory(store: Store, tmp_path: Path) -> None:
+    """restore and verify against a store that answers every ranged GET with the whole object (256 MiB),
+    and restore from a store that behaves (42 MB, SeaweedFS): each within the bound."""
+    name, note = _forged(_uuid(1), 1, size=256 << 20)
+    with lying_store() as liar:
+        liar.honour_range = False
+        liar.objects.update({name: Pattern(256 << 20, os.urandom(1 << 20)), f"{name}.json": note})
+        argv = [*CMD, "restore", f"s3://liar/{_uuid(1)}", "-o", os.devnull]
+        restored, peak = peak_rss(argv, liar.env(), tmp_path / "r")
+        assert restored.returncode == 4 and b"bytes 0-8388607 came back as 268435456 bytes" in restored.stderr, restored
+        assert peak < MEMORY_BOUND, peak
+        verified, peak = peak_rss([*CMD, "verify", "s3://liar", "--workers", "1"], liar.env(), tmp_path / "v")
+        assert verified.returncode == 1 and b"came back as 268435456 bytes" in verified.stdout, verified
+        assert peak < MEMORY_BOUND, peak
+    bucket = store.bucket()
+    path, whole = _long_stream(tmp_path, copies=150)
+    assert run(store, "send", "--to", f"s3://{bucket}", str(path)).returncode == 0
+    argv = [*CMD, "restore", f"s3://{bucket}/{stream_identity(whole)['uuid']}", "-o", os.devnull]
+    restored, peak = peak_rss(argv, store.env, tmp_path / "s")
+    assert restored.returncode == 0 and peak < MEMORY_BOUND, (restored, peak)
+
+
+def test_a_sealed_part_of_512_mib_is_opened_a_segment_at_a_time(tmp_path: Path) -> None:
+    key, part = key_file(tmp_path / "k.key"), sealed_size(512 << 20)
+    encryption = {"cipher": "AES-256-GCM", "key": Sealer(key.read_bytes()).fingerprint, "segment": SEGMENT}
+    name, note = _forged(_uuid(1), 1, size=512 << 20, encryption=encryption, held=part, parts=[part])
+    with lying_store() as liar:
+        liar.objects.update({name: Pattern(part, os.urandom(1 << 20)), f"{name}.json": note})
+        argv = [*CMD, "restore", f"s3://liar/{_uuid(1)}", "-o", os.devnull, "--encrypt-key", str(key)]
+        restored, peak = peak_rss(argv, liar.env(), tmp_path / "r")
+    assert restored.returncode == 1 and b"offset 0: differs from its manifest: part 1 does not open" in restored.stderr
+    assert peak < MEMORY_BOUND, peak
+
+
+def test_a_listing_that_never_ends_is_cut_off(tmp_path: Path) -> None:
+    with lying_store() as liar:
+        liar.endless = ".stream.json"
+        listed, peak = peak_rss([*CMD, "archive", "ls", "s3://liar/p"], liar.env(), tmp_path / "r", timeout=120)
+        pages = liar.pages
+    assert listed.returncode == 4, listed
+    assert f"s3://liar/p/: the listing goes on past {MAX_LISTED:,} keys".encode() in listed.stderr, listed.stderr
+    assert pages == MAX_LISTED // 1000 + 1 and peak < MEMORY_BOUND, (pages, peak)
+
+
+def test_a_chain_longer_than_pythons_recursion_limit_is_listed_and_pruned(store: Store) -> None:
+    """Manifests only (listing and planning need no objects): 1,100 incrementals, past the depth of 997 at
+    which a recursive walk failed; 10,000 are walked in-process below."""
+    bucket, client = store.bucket(), store.client()
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda m: client.put_object(Bucket=bucket, Key=f"c/{m[0]}.json", Body=m[1]), _chain(1_100)))
+    listed = run(store, "archive", "ls", f"s3://{bucket}/c")
+    lines = listed.stdout.decode().splitlines()
+    assert listed.returncode == 0 and len(lines) == 1_100, listed.stderr
+    assert lines[-1].startswith("  " * 1_099 + f"{_uuid(1_100)}.1100  incremental  ")
+    dry = run(store, "archive", "prune", f"s3://{bucket}/c", "--keep-last", "1", "--dry-run")
+    assert dry.returncode == 0 and b"1100 kept, 0 would go" in dry.stderr, dry.stderr
+
+
+def test_a_chain_of_ten_thousand_streams_is_walked() -> None:
+    """27 years of daily incrementals, each manifest read as from the store; listed and planned at once."""
+    found = [read_manifest(_Answering(note), Location("b"), f"{name}.json") for name, note in _chain(10_000)]
+    (tree,) = chains(found)
+    assert [(depth, x.ctransid) for depth, x in tree] == [(n, n + 1) for n in range(10_000)]
+    kept, dropped = plan_prune(found, keep_last=1)
+    assert len(kept) == 10_000 and dropped == []
+
+
+def _chain(length: int) -> list[tuple[str, bytes]]:
+    """A full stream and ``length - 1`` incrementals, each on the one before: names and manifests."""
+    return [_forged(_uuid(n), n, (_uuid(n - 1), n - 1) if n > 1 else None) for n in range(1, length + 1)]
+
+
+def test_streams_whose_parents_go_round_are_named_and_kept(store: Store) -> None:
+    bucket, client = store.bucket(), store.client()
+    assert run(store, "send", "--to", f"s3://{bucket}/o", str(FULL)).returncode == 0
+    circle = [_forged(_uuid(1), 1, (_uuid(2), 2)), _forged(_uuid(2), 2, (_uuid(1), 1))]
+    above = _forged(_uuid(3), 3, (_uuid(1), 1))
+    for name, note in [*circle, above]:
+        client.put_object(Bucket=bucket, Key=f"o/{name}.json", Body=note)
+    listed = run(store, "archive", "ls", f"s3://{bucket}/o", timeout=60)
+    assert listed.returncode == 1 and listed.stdout.decode().startswith(name_of(FULL.read_bytes())[:-9]), listed
+    names = sorted(name for name, _ in circle)
+    assert (
+        f"sendstream: error: {', '.join(names)}: each of these streams builds on the next, and the last on the "
+        "first: a circle of parents".encode()
+        in listed.stderr
+    ), listed.stderr
+    assert f"sendstream: error: {above[0]}: builds on a circle of parents (above)".encode() in listed.stderr
+    before = _keys(store, bucket)
+    for dry in (["--dry-run"], []):
+        pruned = run(store, "archive", "prune", f"s3://{bucket}/o", "--keep-last", "1", *dry, timeout=60)
+        assert pruned.returncode == 1 and b"4 kept, 0 " in pruned.stderr and b"a circle" in pruned.stderr, pruned
+    assert _keys(store, bucket) == before
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+        max_leaves=12,
+    ),
+    st.sampled_from(["format", "stream", "objects", "size", "encryption", "parts", "key", "uuid", None]),
+)
+def test_any_manifest_reads_as_an_entry_or_our_error(value: object, field: str | None) -> None:
+    """A sound manifest with one field replaced by any JSON, or any JSON at all: an entry or BadManifest."""
+    name, note = _forged(_uuid(1), 1)
+    body = json.loads(note)
+    body["encryption"] = {"cipher": "AES-256-GCM", "key": "k", "segment": SEGMENT}
+    body["objects"][0]["parts"] = [128]
+    if field in ("parts", "key"):
+        body["objects"][0][field] = value
+    elif field == "uuid":
+        body["stream"][field] = value
+    elif field is not None:
+        body[field] = value
+    for raw in (json.dumps(body).encode(), json.dumps(value).encode()):
+        with contextlib.suppress(e.BadManifest):
+            read_manifest(_Answering(raw), Location("b"), f"{name}.json")
+
+
+class _Answering:
+    """A client whose GetObject answers ``raw``: the manifest parser alone, with no store."""
+
+    def __init__(self, raw: bytes) -> None:
+        self._raw = raw
+
+    def get_object(self, **_: object) -> dict[str, object]:
+        return {"Body": io.BytesIO(self._raw)}

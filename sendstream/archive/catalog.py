@@ -3,49 +3,65 @@
 An incremental stream names its parent by the parent's UUID and ctransid
 (the ``snapshot`` command's clone UUID and ctransid); the stream that
 archived that parent has the same UUID and ctransid. Only manifests
-directly under the prefix count, and each is read with a bounded size and
-depth, as any input is.
+directly under the prefix count. What the store lists and holds is input
+like any other: the listing is read to at most :data:`MAX_LISTED` keys,
+each manifest to :data:`MAX_MANIFEST` bytes and all of them to
+:data:`MAX_CATALOG`. A manifest must say the stream its name says (UUID,
+ctransid, parent), name only that stream's own objects (``NAME``,
+``NAME.1``, ...), and add up; one that does not, and streams whose parents
+go round in a circle, are problems (:class:`~sendstream.errors.BadManifest`)
+named beside the rest of the archive, which is read all the same.
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator
+import re
+import threading
+from array import array
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from .. import errors as e
-from ..ops.identity import checked_integer, load_json
-from ..ops.stored import MANIFEST_FORMAT
-from .seal import CIPHER
-from .store import Location, calling
+from ..ops.identity import check_identity, checked_integer, load_json, short_json
+from ..ops.stored import MANIFEST_FORMAT, stream_name
+from .seal import CIPHER, SEGMENT, opened_size
+from .store import Location, calling, missing
 
 MANIFEST_SUFFIX = ".stream.json"
 MAX_MANIFEST = 1 << 20
+MAX_LISTED = 100_000  # keys of a listing (some 50,000 streams); past it the store is not ending its listing
+MAX_CATALOG = 64 << 20  # bytes of all the manifests read
+MIN_PART = 5 << 20  # S3's least size of a part, but for the last one of an object
 _READERS = 8
+_LONG_AGO = datetime.datetime.min.replace(tzinfo=datetime.UTC)  # when a listing does not say
+_NAME = re.compile(r"([0-9a-f-]{36})\.([0-9]{1,20})(?:\.from\.([0-9a-f-]{36})\.([0-9]{1,20}))?\.stream")
+
+Ident = tuple[str, int]  # a snapshot: its subvolume's UUID, and ctransid
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Entry:
     """One archived stream, as its manifest says."""
 
     name: str  # UUID.CTRANSID[.from.PARENT.CTRANSID].stream
     uuid: str
     ctransid: int
-    parent: tuple[str, int] | None
+    parent: Ident | None
     snapshot: str
     size: int
     stored: str
     sha256: str
     commands: int
     ledger: str
-    objects: tuple[tuple[str, int], ...]  # names under the prefix, and sizes, in order
+    objects: tuple[tuple[str, int], ...]  # NAME, NAME.1, ... under the prefix, and their sizes, in order
     sealed: str = ""  # the fingerprint of the key its parts are sealed with (:mod:`.seal`)
-    parts: tuple[tuple[int, ...], ...] = ()  # sealed: the size of each part, object by object
+    parts: tuple[array[int], ...] = ()  # sealed: the size of each part, object by object
 
     @property
-    def ident(self) -> tuple[str, int]:
+    def ident(self) -> Ident:
         return self.uuid, self.ctransid
 
     def summary(self) -> dict[str, Any]:
@@ -60,88 +76,248 @@ class Entry:
         }
 
 
-def entries(s3: Any, location: Location) -> list[Entry]:
-    """Every stream archived directly under ``location``, by name."""
-    names = []
+def identity_of(name: str) -> tuple[Ident, Ident | None] | None:
+    """The snapshot that the stream named ``name`` makes, and its parent's (None: a name not of ours)."""
+    match = _NAME.fullmatch(name)
+    if match is None:
+        return None
+    uuid, ctransid, parent_uuid, parent_ctransid = match.groups()
+    fields = {"uuid": uuid, "ctransid": ctransid, "parent_uuid": parent_uuid, "parent_ctransid": parent_ctransid}
+    if stream_name(fields) != name:  # spelt as no stream of ours is (upper case, leading zeros)
+        return None
+    return (uuid, int(ctransid)), (parent_uuid, int(parent_ctransid)) if parent_uuid else None
+
+
+def listing(s3: Any, location: Location) -> Iterator[tuple[str, datetime.datetime]]:
+    """The objects directly under ``location`` (names after the prefix), with when each was last written;
+    :class:`~sendstream.errors.StoreError` past :data:`MAX_LISTED` keys."""
+    count = 0
     with calling(location.url()):
-        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=location.bucket, Prefix=location.prefix)
+        pages = s3.get_paginator("list_objects_v2").paginate(
+            Bucket=location.bucket, Prefix=location.prefix, Delimiter="/"
+        )
         for page in pages:
+            count += len(page.get("Contents", [])) + len(page.get("CommonPrefixes", []))
+            if count > MAX_LISTED:
+                raise e.StoreError(
+                    location.url(),
+                    f"the listing goes on past {MAX_LISTED:,} keys, more than an archive here holds "
+                    "(a store that does not end its listing?)",
+                )
             for item in page.get("Contents", []):
-                name = item["Key"][len(location.prefix) :]
-                if "/" not in name and name.endswith(MANIFEST_SUFFIX):
-                    names.append(name)
+                key, when = item.get("Key"), item.get("LastModified")
+                if not isinstance(key, str) or not key.startswith(location.prefix):
+                    raise e.StoreError(location.url(), f"its listing names {short_json(key)}, not a key here")
+                yield key[len(location.prefix) :], when if isinstance(when, datetime.datetime) else _LONG_AGO
+
+
+def entries(s3: Any, location: Location, problems: list[e.BadManifest] | None = None) -> list[Entry]:
+    """Every stream archived directly under ``location``, by name. A manifest that cannot be taken is left
+    out, and added to ``problems`` when given; one deleted since the listing is left out."""
+    names = sorted(name for name, _ in listing(s3, location) if name.endswith(MANIFEST_SUFFIX))
+    spent, lock = 0, threading.Lock()
+
+    def spend(size: int) -> None:
+        nonlocal spent
+        with lock:
+            spent += size
+            if spent > MAX_CATALOG:
+                raise e.StoreError(location.url(), f"its manifests come to more than {MAX_CATALOG >> 20} MiB")
+
+    def read(name: str) -> Entry | e.BadManifest | None:
+        try:
+            return read_manifest(s3, location, name, spend)
+        except e.BadManifest as problem:
+            return problem
+        except e.StoreError as exc:
+            if missing(exc):
+                return None
+            raise
+
+    found = []
     with ThreadPoolExecutor(_READERS) as pool:
-        found = list(pool.map(lambda name: read_manifest(s3, location, name), sorted(names)))
+        try:
+            for result in pool.map(read, names):
+                if isinstance(result, Entry):
+                    found.append(result)
+                elif result is not None and problems is not None:
+                    problems.append(result)
+        except BaseException:
+            pool.shutdown(cancel_futures=True)  # the rest are not read
+            raise
     return found
 
 
-def read_manifest(s3: Any, location: Location, name: str) -> Entry:
-    """The manifest ``name`` (``NAME.stream.json``) under ``location``."""
+def read_manifest(s3: Any, location: Location, name: str, spend: Callable[[int], object] | None = None) -> Entry:
+    """The manifest ``name`` (``NAME.stream.json``) under ``location`` (``spend`` hears its size before it
+    is read on); :class:`~sendstream.errors.BadManifest` when it cannot be taken."""
     url = location.url(name)
     with calling(url):
         body = s3.get_object(Bucket=location.bucket, Key=location.key(name), Range=f"bytes=0-{MAX_MANIFEST}")["Body"]
-        raw = body.read(MAX_MANIFEST + 1)
+        try:
+            raw = body.read(MAX_MANIFEST + 1)
+        finally:
+            body.close()
+    stream = name[: -len(".json")]
     if len(raw) > MAX_MANIFEST:
-        raise e.StoreError(url, f"a manifest of more than {MAX_MANIFEST} bytes: not one of ours")
+        raise e.BadManifest(url, f"a manifest of more than {MAX_MANIFEST} bytes: not one of ours", (stream,))
+    if spend is not None:
+        spend(len(raw))
     try:
-        return _entry(load_json(raw, "the manifest"), name[: -len(".json")])
-    except (e.SessionError, KeyError, TypeError, ValueError) as exc:
-        raise e.StoreError(url, f"not a sendstream manifest ({exc})") from None
+        return _entry(load_json(raw, "the manifest"), stream)
+    except (e.SendStreamError, ValueError) as exc:
+        raise e.BadManifest(url, f"not a sound manifest: {exc}", (stream,)) from None
 
 
-def _entry(body: Any, name: str) -> Entry:
+def _fields(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} is {short_json(value)}, not a JSON object")
+    return value
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ValueError(f"{what} is {short_json(value)}, not a list")
+    return value
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} is {short_json(value)}, not a string")
+    return value
+
+
+def _entry(value: Any, name: str) -> Entry:
+    """The manifest ``value`` of the stream ``name``, checked against its name; ValueError or our error."""
+    body = _fields(value, "the manifest")
     if body.get("format") != MANIFEST_FORMAT:
-        raise ValueError(f"format {body.get('format')!r}, not {MANIFEST_FORMAT!r}")
-    stream = body["stream"]
-    parent = None
-    if stream.get("parent_uuid") is not None:
-        parent = str(stream["parent_uuid"]), checked_integer(stream["parent_ctransid"], "parent_ctransid")
-    objects = tuple((str(o["key"]), checked_integer(o["size"], "an object's size")) for o in body["objects"])
-    if any("/" in key for key, _ in objects):
-        raise ValueError("an object outside the prefix")
-    sealed, parts = "", ()  # type: tuple[str, tuple[tuple[int, ...], ...]]
+        raise ValueError(f"format {short_json(body.get('format'))}, not {MANIFEST_FORMAT!r}")
+    named = identity_of(name)
+    if named is None:
+        raise ValueError("its name is not UUID.CTRANSID[.from.UUID.CTRANSID].stream")
+    stream = check_identity(body.get("stream"), "its stream")
+    said = (
+        (stream["uuid"], stream["ctransid"]),
+        ((stream["parent_uuid"], stream["parent_ctransid"]) if stream["parent_uuid"] is not None else None),
+    )
+    if said != named:
+        raise ValueError(f"its stream is {_shown(said)}, not {_shown(named)} as its name says")
+    listed = [_fields(o, "an object") for o in _list(body.get("objects"), "its objects")]
+    objects = tuple((_text(o.get("key"), "a key"), checked_integer(o.get("size"), "its size")) for o in listed)
+    own = [name] + [f"{name}.{k}" for k in range(1, len(objects))]
+    if [key for key, _ in objects] != own:
+        raise ValueError(f"its objects are {short_json([key for key, _ in objects])}, not its own {short_json(own)}")
+    size = checked_integer(body.get("size"), "size")
+    sealed, parts = "", ()  # type: tuple[str, tuple[array[int], ...]]
     if "encryption" in body:
-        if body["encryption"].get("cipher") != CIPHER:
-            raise ValueError(f"cipher {body['encryption'].get('cipher')!r}, not {CIPHER}")
-        sealed = str(body["encryption"]["key"])
-        parts = tuple(tuple(checked_integer(n, "a part's size") for n in o["parts"]) for o in body["objects"])
-        if any(sum(sizes) != size for sizes, (_, size) in zip(parts, objects, strict=True)):
-            raise ValueError("its parts do not make its objects")
+        sealed, parts = _sealing(_fields(body["encryption"], "its encryption"), listed, objects)
+        held = sum(opened_size(part) for sizes in parts for part in sizes)
+    else:
+        held = sum(size for _, size in objects)
+    if held != size:
+        raise ValueError(f"its objects hold {held} bytes of stream, not its size {size}")
     return Entry(
         name=name,
-        uuid=str(stream["uuid"]),
-        ctransid=checked_integer(stream["ctransid"], "ctransid"),
-        parent=parent,
-        snapshot=str(body.get("snapshot", "")),
-        size=checked_integer(body["size"], "size"),
-        stored=str(body["stored"]),
-        sha256=str(body["sha256"]),
-        commands=checked_integer(body["commands"], "commands"),
-        ledger=str(body["ledger"]),
+        uuid=named[0][0],
+        ctransid=named[0][1],
+        parent=named[1],
+        snapshot=_text(body.get("snapshot", ""), "snapshot"),
+        size=size,
+        stored=_text(body.get("stored"), "stored"),
+        sha256=_text(body.get("sha256"), "sha256"),
+        commands=checked_integer(body.get("commands"), "commands"),
+        ledger=_text(body.get("ledger"), "ledger"),
         objects=objects,
         sealed=sealed,
         parts=parts,
     )
 
 
-def chains(found: list[Entry]) -> list[list[tuple[int, Entry]]]:
+def _sealing(
+    encryption: dict[str, Any], listed: list[dict[str, Any]], objects: tuple[tuple[str, int], ...]
+) -> tuple[str, tuple[array[int], ...]]:
+    """The key's fingerprint and the sizes of the sealed parts, object by object, checked."""
+    if encryption.get("cipher") != CIPHER:
+        raise ValueError(f"cipher {short_json(encryption.get('cipher'))}, not {CIPHER}")
+    if encryption.get("segment") != SEGMENT:
+        raise ValueError(
+            f"sealed in segments of {short_json(encryption.get('segment'))} bytes, not {SEGMENT} "
+            "(an earlier sendstream sealed whole parts)"
+        )
+    parts = []
+    for o, (key, size) in zip(listed, objects, strict=True):
+        sizes = array("Q", (checked_integer(n, "a part's size") for n in _list(o.get("parts"), f"{key}'s parts")))
+        if sum(sizes) != size or not sizes or any(n < MIN_PART for n in sizes[:-1]):
+            raise ValueError(f"the parts of {key} do not make it (each but the last at least {MIN_PART} bytes)")
+        parts.append(sizes)
+    return _text(encryption.get("key"), "its key"), tuple(parts)
+
+
+def _shown(ident: tuple[Ident, Ident | None]) -> str:
+    (uuid, ctransid), parent = ident
+    return f"{uuid} at ctransid {ctransid}" + (f" from {parent[0]} at {parent[1]}" if parent else "")
+
+
+def chains(found: list[Entry], problems: list[e.BadManifest] | None = None) -> list[list[tuple[int, Entry]]]:
     """The archive as trees: each starts at a full stream (or at one whose parent is not archived) and
-    holds ``(depth, entry)``, children after their parent, oldest first."""
+    holds ``(depth, entry)``, children after their parent, oldest first. Streams whose parents go round
+    in a circle, and those that build on them, are in none: each circle is added to ``problems``."""
     by_ident = {entry.ident: entry for entry in found}
-    children: dict[tuple[str, int], list[Entry]] = {}
+    children: dict[Ident, list[Entry]] = {}
     roots = []
     for entry in sorted(found, key=lambda x: (x.ctransid, x.name)):
         if entry.parent is not None and entry.parent in by_ident:
             children.setdefault(entry.parent, []).append(entry)
         else:
             roots.append(entry)
+    placed: set[str] = set()
+    trees = []
+    for root in roots:
+        tree, stack = [], [(0, root)]
+        while stack:
+            depth, entry = stack.pop()
+            if entry.name in placed:
+                continue
+            placed.add(entry.name)
+            tree.append((depth, entry))
+            stack.extend((depth + 1, child) for child in reversed(children.get(entry.ident, [])))
+        trees.append(tree)
+    if problems is not None:
+        problems.extend(_circles([x for x in found if x.name not in placed], by_ident))
+    return trees
 
-    def walk(entry: Entry, depth: int) -> Iterator[tuple[int, Entry]]:
-        yield depth, entry
-        for child in children.get(entry.ident, []):
-            yield from walk(child, depth + 1)
 
-    return [list(walk(root, 0)) for root in roots]
+def _circles(stranded: list[Entry], by_ident: dict[Ident, Entry]) -> list[e.BadManifest]:
+    """The circles of parents that the ``stranded`` streams (those no full stream leads to) are in or
+    build on: each one a problem, and one more for the streams that build on them."""
+    on_path, done = 1, 2
+    state: dict[str, int] = {}
+    found = []
+    for start in stranded:
+        path, entry = [], start
+        while entry.name not in state:
+            state[entry.name] = on_path
+            path.append(entry)
+            assert entry.parent is not None  # else it is the root of a tree
+            entry = by_ident[entry.parent]
+        if state[entry.name] == on_path:
+            circle = path[path.index(entry) :]
+            names = tuple(x.name for x in circle)
+            found.append(
+                e.BadManifest(
+                    ", ".join(names),
+                    "each of these streams builds on the next, and the last on the first: "
+                    "a circle of parents that no full stream starts (manifests forged or damaged)",
+                    names,
+                )
+            )
+        for x in path:
+            state[x.name] = done
+    above = tuple(x.name for x in stranded if not any(x.name in p.streams for p in found))
+    if above:
+        shown = ", ".join(above[:5]) + (f" and {len(above) - 5} more" if len(above) > 5 else "")
+        found.append(e.BadManifest(shown, "builds on a circle of parents (above): not restorable", above))
+    return found
 
 
 def chain_to(found: list[Entry], subvolume: str, location: Location) -> list[Entry]:
@@ -177,26 +353,45 @@ def keeping(keep_last: int | None, since: str | None) -> None:
 
 
 def plan_prune(
-    found: list[Entry], keep_last: int | None = None, since: str | None = None
+    found: list[Entry],
+    keep_last: int | None = None,
+    since: str | None = None,
+    problems: list[e.BadManifest] | None = None,
 ) -> tuple[list[Entry], list[Entry]]:
     """What to keep and what may go: the last ``keep_last`` streams stored (and those stored at or after
-    ``since``, an ISO date), with every stream a kept one builds on, up to its full stream; both by age."""
+    ``since``, an ISO date), with every stream a kept one builds on, up to its full stream; both by age.
+
+    What cannot be placed is kept, and so is what it builds on: streams in or on a circle of parents
+    (added to ``problems``), and the parents that the names of the bad manifests in ``problems`` say
+    (such a manifest may be a kept stream's, damaged)."""
     keeping(keep_last, since)
     ordered = sorted(found, key=lambda x: (x.stored, x.ctransid, x.name))
-    wanted = set(ordered[len(ordered) - keep_last :] if keep_last else [])
+    wanted = set(ordered[max(0, len(ordered) - keep_last) :] if keep_last else [])
     if since is not None:
         wanted.update(x for x in ordered if x.stored >= since)
-    by_ident = {entry.ident: entry for entry in found}
-    for entry in list(wanted):
-        while entry.parent is not None and entry.parent in by_ident:
-            entry = by_ident[entry.parent]
-            wanted.add(entry)
+    circles: list[e.BadManifest] = []
+    placed = {x.name for tree in chains(found, circles) for _, x in tree}
+    wanted.update(x for x in found if x.name not in placed)
+    by_ident: dict[Ident, list[Entry]] = {}
+    for entry in found:
+        by_ident.setdefault(entry.ident, []).append(entry)
+    named = (identity_of(name) for problem in problems or [] for name in problem.streams)
+    parents = [x.parent for x in wanted if x.parent] + [ident[1] for ident in named if ident and ident[1]]
+    while parents:
+        for entry in by_ident.get(parents.pop(), []):
+            if entry not in wanted:
+                wanted.add(entry)
+                parents += [entry.parent] if entry.parent else []
+    if problems is not None:
+        problems += circles
     return [x for x in ordered if x in wanted], [x for x in ordered if x not in wanted]
 
 
 def remove(s3: Any, location: Location, entry: Entry) -> None:
-    """Delete an archived stream: its manifest first (then it is no longer archived), then its objects."""
-    for keys in ([entry.name + ".json"], [name for name, _ in entry.objects]):
+    """Delete an archived stream: its manifest first (then it is no longer archived), then its own
+    objects (``NAME``, ``NAME.1``, ...), never another's."""
+    own = [entry.name] + [f"{entry.name}.{k}" for k in range(1, len(entry.objects))]
+    for keys in ([entry.name + ".json"], own):
         with calling(location.url(keys[0])):
             answer = s3.delete_objects(
                 Bucket=location.bucket, Delete={"Objects": [{"Key": location.key(k)} for k in keys], "Quiet": True}

@@ -1,16 +1,19 @@
 """Archived streams read in place: ranged GETs, every command checked, each stream held to its manifest.
 
 :func:`check` reads one stream (its objects in order) with ranged GETs of
-:data:`CHUNK` bytes (a sealed part at a time, when sealed), :data:`AHEAD`
-fetched while the one before is checked, so that a reader holds at most
-``2 * AHEAD + 1`` of them whatever the stream's size. Every
-command is checked (framing, CRC) before it is handed on; at the end the
-size, command count and ledger must be the manifest's, and (for
-:func:`verify`) the SHA-256. :func:`resolve` finds the chain that makes a
-snapshot and checks its keys, before anything goes on; :func:`restore` hands
-it on, full stream first, each stream's END held back (:class:`EndHeld`)
-until the stream is its manifest's; :func:`verify` checks every stream of an
-archive, in chain order, many at once in a process pool.
+:data:`CHUNK` bytes (a sealed segment at a time, when sealed: as much),
+:data:`AHEAD` fetched while the one before is checked, so that a reader
+holds at most ``2 * AHEAD + 1`` of them whatever the stream's size or the
+store's answers (a length other than the range asked for is refused before
+it is read). Every command is checked (framing, CRC) before it is handed
+on, and the first one must make the snapshot that the manifest and the
+stream's name say; at the end the size, command count and ledger must be
+the manifest's, and (for :func:`verify`) the SHA-256. :func:`resolve` finds
+the chain that makes a snapshot and checks its keys, before anything goes
+on; :func:`restore` hands it on, full stream first, each stream's END held
+back (:class:`EndHeld`) until the stream is its manifest's; :func:`verify`
+checks every stream of an archive, in chain order, many at once in a
+process pool.
 """
 
 from __future__ import annotations
@@ -25,15 +28,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import errors as e
+from ..codec.events import Event, StreamHeader
 from ..codec.framer import Framer
+from ..format.command import Command
 from ..format.layout import COMMAND_HEADER_SIZE, STREAM_MAGIC
 from ..io.windows import file_events
-from ..ops.identity import snapshot_name
+from ..ops.identity import describe, made_by, snapshot_name
 from ..ops.ledger import Ledger
 from ..ops.repair import Healer
+from ..ops.stored import Unnamed, stream_name
 from .catalog import MANIFEST_SUFFIX, Entry, chain_to, chains, entries
 from .hashing import Hasher
-from .seal import SEAL_OVERHEAD, Sealer
+from .seal import SEAL_OVERHEAD, SEALED_SEGMENT, Sealer, segment_count
 from .store import Location, calling, connect
 
 CHUNK = 8 << 20
@@ -67,17 +73,25 @@ class RangedReader:
         if (span := next(self._ranges, None)) is not None:
             self._ahead.append(self._pool.submit(self._get, *span))
 
-    def _get(self, name: str, start: int, end: int, index: int, offset: int) -> bytes:
+    def _get(self, name: str, start: int, end: int, index: int, number: int, offset: int) -> bytes:
         url = self._location.url(name)
         with calling(url):
             answer = self._s3.get_object(
                 Bucket=self._location.bucket, Key=self._location.key(name), Range=f"bytes={start}-{end - 1}"
             )
-            data: bytes = answer["Body"].read()
+            try:  # the length is checked before anything is read: a store may ignore the range
+                length = answer.get("ContentLength")
+                data: bytes = answer["Body"].read(end - start) if length == end - start else b""
+            finally:
+                answer["Body"].close()
         if len(data) != end - start:
-            raise e.StoreError(url, f"bytes {start}-{end - 1} came back as {len(data)} bytes: the object is shorter")
+            raise e.StoreError(
+                url,
+                f"bytes {start}-{end - 1} came back as {len(data) if data else length} bytes: "
+                "the object is shorter than its manifest says, or the store ignores ranges",
+            )
         if self._sealer is not None:
-            data = self._sealer.open(data, self._entry.name, index, offset)
+            data = self._sealer.open(data, self._entry.name, index, number, offset)
         return data
 
     def readinto(self, view: Any) -> int:
@@ -101,26 +115,34 @@ class RangedReader:
             self._hasher.close()
 
 
-def _ranges(entry: Entry) -> Iterator[tuple[str, int, int, int, int]]:
-    """What to GET, in order: object, start, end, the part's number and its stream offset (sealed: a
-    part at a time; else :data:`CHUNK` bytes at a time)."""
+def _ranges(entry: Entry) -> Iterator[tuple[str, int, int, int, int, int]]:
+    """What to GET, in order: object, start, end, the part's number, the segment's number in it and its
+    stream offset (sealed: a segment at a time; else :data:`CHUNK` bytes at a time)."""
     index = offset = 0
     for k, (name, size) in enumerate(entry.objects):
         if entry.sealed:
             start = 0
             for part in entry.parts[k]:
                 index += 1
-                yield name, start, start + part, index, offset
-                start, offset = start + part, offset + part - SEAL_OVERHEAD
+                for number in range(segment_count(part)):
+                    end = start + min(SEALED_SEGMENT, part - number * SEALED_SEGMENT)
+                    yield name, start, end, index, number, offset
+                    start, offset = end, offset + end - start - SEAL_OVERHEAD
         else:
             for start in range(0, size, CHUNK):
-                yield name, start, min(start + CHUNK, size), 0, offset
+                yield name, start, min(start + CHUNK, size), 0, 0, offset
                 offset += min(CHUNK, size - start)
 
 
 def opener(entry: Entry, location: Location, key: Sealer | None) -> Sealer | None:
-    """The sealer that opens ``entry``'s parts: ``key``'s, when it is the one they were sealed with."""
+    """The sealer that opens ``entry``'s parts: ``key``'s, when it is the one they were sealed with. With a
+    key, a stream that is not sealed is refused: anyone who can write to the bucket can put one there."""
     if not entry.sealed:
+        if key is not None:
+            raise e.UsageError(
+                f"{location.url(entry.name)} is not encrypted, but --encrypt-key was given: refused "
+                "(anyone who can write to the bucket can put a plain stream there)"
+            )
         return None
     if key is None:
         raise e.UsageError(f"{location.url(entry.name)} is encrypted ({entry.sealed}): give --encrypt-key FILE")
@@ -148,17 +170,23 @@ def check(
     command's length and CRC in order."""
     digest, ledger = hashlib.sha256() if sha256 else None, Ledger()
     reader = RangedReader(s3, location, entry, digest=digest, sealer=opener(entry, location, key))
+    header: StreamHeader | None = None  # held until the first command says the stream is the one named
     try:
         healer = Healer(write, ledger=ledger)
-        for event in file_events(reader, Framer(), healer.batch):  # type: ignore[arg-type]
+        for event in file_events(reader, Framer(), healer.batch, firsts=True):  # type: ignore[arg-type]
+            if header is None and isinstance(event, StreamHeader):
+                header = event
+                continue
+            if healer.written == 0:  # (the header is not written yet) the stream's first command
+                _makes(entry, event)
+                assert header is not None  # the framer starts with it, or raises
+                healer.event(header)
             healer.event(event)
     finally:
         reader.close()
-    stored = sum(size for _, size in entry.objects) - SEAL_OVERHEAD * sum(len(p) for p in entry.parts)
     for what, expected, actual in (
         ("restarts", 0, healer.restart_count),
         ("size", entry.size, healer.written),
-        ("size of its objects", entry.size, stored),
         ("commands", entry.commands, ledger.commands),
         ("ledger", entry.ledger, ledger.digest()),
         *([("SHA-256", entry.sha256, digest.hexdigest())] if digest is not None else []),
@@ -169,11 +197,29 @@ def check(
             )
 
 
-def archived(s3: Any, location: Location) -> list[Entry]:
-    """Every stream archived directly under ``location``; none is :class:`~sendstream.errors.NothingFound`
-    (a prefix with a typo must not pass, under cron, as an archive that checks clean)."""
-    found = entries(s3, location)
-    if not found:
+def _makes(entry: Entry, first: Event) -> None:
+    """Refuse a stream whose ``first`` command makes another snapshot than its manifest and name say."""
+    if not isinstance(first, Command):
+        raise e.ManifestMismatch("it has no command to say what it makes", offset=first.offset, expected=entry.name)
+    made = made_by(first)
+    try:
+        same = stream_name(made) == entry.name
+    except Unnamed:
+        same = False
+    if not same:
+        raise e.ManifestMismatch(
+            f"its first command is a {describe(made)}, not the snapshot its name and manifest say",
+            offset=first.offset,
+            expected=entry.name,
+        )
+
+
+def archived(s3: Any, location: Location, problems: list[e.BadManifest] | None = None) -> list[Entry]:
+    """Every stream archived directly under ``location`` (manifests that cannot be taken go to ``problems``);
+    none, and no problem either, is :class:`~sendstream.errors.NothingFound` (a prefix with a typo must not
+    pass, under cron, as an archive that checks clean)."""
+    found = entries(s3, location, problems)
+    if not found and not problems:
         raise e.NothingFound(
             f"{location.url()}: nothing is archived here (no NAME{MANIFEST_SUFFIX} directly under this prefix)"
         )
@@ -323,8 +369,12 @@ def verify(
     key: bytes | None = None,
 ) -> Iterator[Verdict]:
     """Check every stream archived at ``location`` in place, ``workers`` (every core) at once, each in
-    a process of its own with its own connection; verdicts in chain order (as ``archive ls`` lists them)."""
-    found = archived(s3, location)
+    a process of its own with its own connection; first a verdict for each manifest that cannot be taken,
+    then the streams' in chain order (as ``archive ls`` lists them)."""
+    problems: list[e.BadManifest] = []
+    found = archived(s3, location, problems)
+    for problem in problems:
+        yield Verdict(problem.streams[0], 0, problem.reason)
     ordered = [entry for tree in chains(found) for _, entry in tree]
     listed = set(ordered)
     ordered += [x for x in found if x not in listed]  # streams whose parents go round in a circle

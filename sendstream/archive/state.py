@@ -1,7 +1,8 @@
 """The state of a resumable upload: a small object ``NAME.upload`` beside the stream, authenticated.
 
 It holds the multipart upload's ID, the objects already completed, the
-parts completed in order (number, ETag, size) and the checkpoint where the
+parts completed in order (number, ETag, size), how they are sealed (the
+cipher and the key's fingerprint, or nothing) and the checkpoint where the
 last of them ends: the stream's identity, the offset, the number of
 commands before it and the ledger there (:mod:`sendstream.ops.ledger`). A
 run of ``send --to s3:// --resumable`` reads the same stream again, checks
@@ -26,7 +27,7 @@ from ..ops.ledger import Checkpoint
 from .store import Location, calling, missing
 
 STATE_SUFFIX = ".upload"
-STATE_FORMAT = "sendstream-upload-1"
+STATE_FORMAT = "sendstream-upload-2"  # 1 did not say how its parts are sealed
 MAX_STATE = 4 << 20
 
 
@@ -42,10 +43,28 @@ class UploadState:
     offset: int = 0
     commands: int = 0
     ledger: str = ""
+    sealing: dict[str, Any] | None = None  # :attr:`~.seal.Sealer.description` of the parts' key; None: plain
 
     @property
     def checkpoint(self) -> Checkpoint:
         return Checkpoint(self.stream, self.offset, self.commands, self.ledger)
+
+    def refuse_other_sealing(self, sealing: dict[str, Any] | None, location: Location, name: str) -> None:
+        """Refuse to take this upload of ``name`` up with parts ``sealing`` otherwise than its own, saying
+        what to do."""
+        if sealing == self.sealing:
+            return
+
+        def said(how: dict[str, Any] | None) -> str:
+            return f"sealed with key {how['key']} ({how['cipher']})" if how else "not encrypted"
+
+        again = f"with --encrypt-key FILE of key {self.sealing['key']}" if self.sealing else "without --encrypt-key"
+        url = location.url(name + STATE_SUFFIX)
+        raise e.ResumeError(
+            f"{url}: the earlier run's parts are {said(self.sealing)}, this run's would be {said(sealing)}: "
+            f"run it again {again}; or start over: delete {url} and abort the multipart upload "
+            f"{self.upload_id} of {location.url(self.key)}"
+        )
 
 
 def _mac(key: bytes, payload: bytes) -> str:
@@ -64,6 +83,7 @@ def save(s3: Any, location: Location, name: str, state: UploadState, key: bytes)
         "offset": state.offset,
         "commands": state.commands,
         "ledger": state.ledger,
+        "sealing": state.sealing,
     }
     payload = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
     with calling(location.url(name + STATE_SUFFIX)):
@@ -105,9 +125,20 @@ def load(s3: Any, location: Location, name: str, key: bytes) -> UploadState | No
             offset=checked_integer(fields["offset"], "offset"),
             commands=checked_integer(fields["commands"], "commands"),
             ledger=str(fields["ledger"]),
+            sealing=_sealing(fields["sealing"]),
         )
     except (e.SessionError, KeyError, TypeError, ValueError) as exc:
         raise e.ResumeError(f"{url} is not an upload state of ours ({exc}): remove it to start over") from None
+
+
+def _sealing(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    return {
+        "cipher": str(value["cipher"]),
+        "key": str(value["key"]),
+        "segment": checked_integer(value["segment"], "segment"),
+    }
 
 
 def _object(o: Any) -> dict[str, Any]:

@@ -37,8 +37,9 @@ from ..ops.ledger import Ledger
 from ..ops.repair import Healer
 from ..ops.stored import manifest, stream_name
 from . import state
+from .catalog import MANIFEST_SUFFIX, Entry, listing, read_manifest
 from .hashing import Hasher
-from .seal import SEAL_OVERHEAD, Sealer
+from .seal import Sealer, sealed_size
 from .store import Location, calling, missing
 
 PART_SIZE = 8 << 20
@@ -190,7 +191,7 @@ class Parts:
             self.parts += 1
             self.size = end
             return
-        stored = len(part) + (SEAL_OVERHEAD if self._sealer else 0)
+        stored = sealed_size(len(part)) if self._sealer else len(part)
         if self.size < self._skip_to:
             raise e.ResumeError(
                 f"this run cuts a part at offset {end}, the earlier run at {self._skip_to}: "
@@ -237,6 +238,7 @@ class Parts:
         self.name = stream_name(self.identity)
         _refuse_archived(self._s3, self.location, self.name)
         if self._key and (earlier := state.load(self._s3, self.location, self.name, self._key)) is not None:
+            earlier.refuse_other_sealing(self._sealer.description if self._sealer else None, self.location, self.name)
             self._take_up(earlier)
 
     def _take_up(self, earlier: state.UploadState) -> None:
@@ -317,6 +319,7 @@ class Parts:
             offset,
             commands,
             ledger,
+            self._sealer.description if self._sealer else None,
         )
         key = self._key
         self._retrying(lambda: state.save(self._s3, self.location, self.name or "", now, key))
@@ -381,6 +384,39 @@ def _refuse_archived(s3: Any, location: Location, name: str) -> None:
     raise e.UsageError(f"{url}: this stream is archived already (its manifest is there)")
 
 
+def hold_sealing(s3: Any, location: Location, sealer: Sealer | None) -> None:
+    """Refuse to archive a stream at ``location`` sealed otherwise (with another key, or none) than the
+    newest stream archived there: a prefix's streams are all sealed with one key, or all plain."""
+    newest = _newest(s3, location)
+    if newest is None or newest.sealed == (sealer.fingerprint if sealer else ""):
+        return
+    url, theirs = location.url(), f"sealed with key {newest.sealed}" if newest.sealed else "not encrypted"
+    if sealer is None:
+        mine, fix = "this one would not be", "give --encrypt-key FILE of that key"
+    else:
+        mine = f"this one would be sealed with key {sealer.fingerprint}"
+        fix = "give --encrypt-key FILE of that key" if newest.sealed else "leave out --encrypt-key"
+    raise e.UsageError(
+        f"{url}: its streams are {theirs} (the newest: {newest.name}), {mine}: {fix}, "
+        "or --change-sealing to archive it so all the same (and its later streams with it)"
+    )
+
+
+def _newest(s3: Any, location: Location) -> Entry | None:
+    """The stream archived at ``location`` whose manifest was written last (a manifest that cannot be taken
+    is passed over)."""
+    manifests = sorted((when, name) for name, when in listing(s3, location) if name.endswith(MANIFEST_SUFFIX))
+    for _, name in reversed(manifests):
+        try:
+            return read_manifest(s3, location, name)
+        except e.BadManifest:
+            continue
+        except e.StoreError as exc:
+            if not missing(exc):
+                raise
+    return None
+
+
 @dataclass
 class Archived:
     """What ``send --to s3://`` stored: the stream's name, its objects, and what its manifest says."""
@@ -409,6 +445,7 @@ def upload(
     retry_delay: float = 1.0,
     notice: Callable[[str], object] = lambda text: None,
     sealer: Sealer | None = None,
+    change_sealing: bool = False,
     **origin: Any,
 ) -> Archived:
     """Check and heal ``source`` and archive the clean stream at ``location``, named by what it is,
@@ -417,8 +454,12 @@ def upload(
 
     With ``key`` the upload is resumable (:class:`Parts`): run again with the same stream, it takes up
     where the earlier run's last part completed, checking the stream against the ledger there. With
-    ``sealer`` every part is encrypted and authenticated before it leaves (:class:`~.seal.Sealer`).
+    ``sealer`` every part is encrypted and authenticated before it leaves (:class:`~.seal.Sealer`); it
+    must seal as the newest stream at ``location`` was sealed (:func:`hold_sealing`), unless
+    ``change_sealing``.
     """
+    if not change_sealing:
+        hold_sealing(s3, location, sealer)
     ledger, digest = Ledger(), hashlib.sha256()
     parts = Parts(
         s3, location, part_size=part_size, max_object=max_object, digest=digest, ledger=ledger,

@@ -145,17 +145,10 @@ def snapshot_name(prefix: bytes) -> str:
     return os.fsdecode(command.get("path", b"")) if command is not None else ""
 
 
-def stream_identity(prefix: bytes) -> dict[str, Any]:
-    """The identity of the stream that starts with ``prefix`` (its first command, and a digest)."""
-    version, command = first_command(prefix)
-    ident: dict[str, Any] = {
-        "version": version,
-        "command": None,
-        "uuid": None,
-        "ctransid": None,
-        "parent_uuid": None,
-        "parent_ctransid": None,
-    }
+def made_by(command: Command | None) -> dict[str, Any]:
+    """What a stream's first ``command`` says it makes: ``command``, ``uuid``, ``ctransid``, ``parent_uuid``,
+    ``parent_ctransid`` (None where it does not say)."""
+    ident: dict[str, Any] = dict.fromkeys(("command", "uuid", "ctransid", "parent_uuid", "parent_ctransid"))
     if command is not None:
         ident["command"] = command.name
         values = command.values()
@@ -166,6 +159,13 @@ def stream_identity(prefix: bytes) -> dict[str, Any]:
         if command.name == "snapshot":
             ident["parent_uuid"] = str(values.get("clone_uuid"))
             ident["parent_ctransid"] = values.get("clone_ctransid")
+    return ident
+
+
+def stream_identity(prefix: bytes) -> dict[str, Any]:
+    """The identity of the stream that starts with ``prefix`` (its first command, and a digest)."""
+    version, command = first_command(prefix)
+    ident: dict[str, Any] = {"version": version, **made_by(command)}
     ident["prefix"] = len(prefix)
     ident["sha256"] = hashlib.sha256(prefix).hexdigest()
     return ident
