@@ -347,6 +347,11 @@ BAD_REPLIES = {
     "a superscript status": (True, "sendstream-status ² failed\n".encode(), b"malformed status line"),
     "a superscript status, plain": (False, "sendstream-status ² failed\n".encode(), b"malformed status line"),
     "an unparsable status, plain": (False, b"sendstream-status ok\n", b"malformed status line"),
+    "a list for the hello": (
+        True,
+        b'sendstream-list {"name":"x"}\n',
+        b"a snapshot of a list, which a sender of a stream does not ask for",
+    ),
 }
 
 
@@ -361,6 +366,15 @@ def test_a_malformed_answer_or_status_fails_the_sender_cleanly(session: bool, re
         )
     assert sent.returncode == 4 and says in sent.stderr, sent.stderr
     assert b"Traceback" not in sent.stderr
+
+
+def test_a_session_answer_to_a_list_request_fails_the_lister_cleanly() -> None:
+    with fake_receiver(HELLO + b'{"resume": 0, "verified": 0}\n', session=True) as port:
+        listed = subprocess.run(
+            [*CMD, "send", "--to", f"127.0.0.1:{port}", "--tls", "none", "--list"], capture_output=True, timeout=60
+        )
+    assert listed.returncode == 4 and b"Traceback" not in listed.stderr, listed.stderr
+    assert b"expected a snapshot of the list or a status: is it sendstream serve?" in listed.stderr, listed.stderr
 
 
 @pytest.mark.parametrize("no_status", [False, True], ids=["sendstream", "no-status"])

@@ -310,7 +310,7 @@ class SessionSender:
             self.status = answer.code, answer.message
             self._dead = False
             return
-        assert isinstance(answer, Answer)
+        assert isinstance(answer, Answer)  # the machine's: a hello gets nothing else
         verified, resume = answer.verified, answer.resume
         with self._cond:
             kept = not self._skip_to and answer.ledger is not None and self._kept is not None
