@@ -27,7 +27,7 @@ from support.proxy import Proxy
 from support.streams import FIXTURES, SAMPLE
 
 from sendstream.errors import TlsError
-from sendstream.net import tls
+from sendstream.net import listener, tls
 from sendstream.ops.identity import stream_identity
 
 DATA = SAMPLE.read_bytes()
@@ -279,6 +279,23 @@ def test_knocks_during_a_session_neither_stall_nor_supersede_it(mode: str, key: 
     for local, why in peers.named.items():
         line = next((li for li in text.splitlines() if f"connection from 127.0.0.1:{local} refused: " in li), None)
         assert line is not None and re.search(why, line), (local, why, text)
+
+
+# --- the listener's own bounds and log ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("address", "source"),
+    [
+        (("10.1.2.3", 5000), "10.1.2.3"),
+        (("::ffff:10.1.2.3", 5000, 0, 0), "10.1.2.3"),  # IPv4-mapped: the IPv4 host
+        (("2001:db8:1:2:aaaa::1", 5000, 0, 0), "2001:db8:1:2::/64"),  # one host commonly holds its /64 whole
+        (("2001:db8:1:2:ffff::9", 6000, 0, 0), "2001:db8:1:2::/64"),
+        (("fe80::1%lo", 5000, 0, 1), "fe80::/64"),
+    ],
+)
+def test_a_connections_source_is_its_address_or_its_ipv6_64(address: tuple[object, ...], source: str) -> None:
+    assert listener.source(address) == source
 
 
 # --- after the hello: the idle timeout ------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from support.trees import differences
 
 from sendstream import Command, encode_command, encode_stream_header
 from sendstream.net.journal import PART_SUFFIX, load_state
+from sendstream.net.listener import MAX_PER_SOURCE
 from sendstream.net.tls import connect_channel, load_key
 from sendstream.ops.identity import stream_identity
 from sendstream.ops.stored import stream_name
@@ -655,3 +656,41 @@ def test_a_killed_service_resumes_into_btrfs_receive(tmp_path: Path) -> None:
         assert sorted(os.listdir(mnt / "alpha")) == ["one", "two"]  # no journal left
         transfer = next(e for e in events(proc) if e["event"] == "transfer")
         assert 2 << 20 < int(transfer["resumed"]) < streams[0].stat().st_size  # type: ignore[call-overload]
+
+
+# what a new admin and an attacker found (issue 24)
+
+
+def test_silent_connections_from_one_address_leave_room_for_others(tmp_path: Path) -> None:
+    """Connections being opened are bounded per source address: one more from a full one is told the service
+    is busy (in TLS, or in plain words), and hundreds of silent ones from one address let another in."""
+    port = free_port()
+    config = write_config(tmp_path, port, "handshake_timeout = 120", clients=("alpha",))
+    with service(config, port):
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(MAX_PER_SOURCE)]
+        busy = send(port, tmp_path, "alpha", FULL)
+        with socket.create_connection(("127.0.0.1", port), timeout=20) as plain:
+            plain.sendall(b"sendstream-list\n")
+            told = plain.recv(4096)
+        for sock in held:
+            sock.close()
+    assert busy.returncode == 4 and b"sendstream: error: the receiver is busy: " in busy.stderr, busy.stderr
+    assert b"key" not in busy.stderr and b"TLS handshake failed" not in busy.stderr, busy.stderr
+    assert told == b"sendstream-status 4 busy: %d connections from 127.0.0.1 are already opening; try again later\n" % (
+        MAX_PER_SOURCE
+    )
+
+    with service(config, port) as proc:
+        flood = []
+        for _ in range(300):
+            sock = socket.socket()
+            sock.bind(("127.0.0.2", 0))
+            sock.connect(("127.0.0.1", port))
+            flood.append(sock)
+        sent = send(port, tmp_path, "alpha", FULL)
+        for sock in flood:
+            sock.close()
+    assert sent.returncode == 0, sent.stderr
+    assert stored(tmp_path, "alpha")[name_of(FULL)] == FULL.read_bytes()
+    reasons = [str(e.get("reason")) for e in events(proc) if e["event"] == "refused"]
+    assert f"busy: {MAX_PER_SOURCE} connections from 127.0.0.2 are already opening" in " ".join(reasons), reasons

@@ -54,12 +54,15 @@ def accept_sender(
     starts at the checkpoint's offset.
     """
     from .listener import Listener
+    from .session.connection import busy_answer
     from .session.receiver import Opening, SessionReceiver, admit, open_connection
 
     def open_one(sock: socket.socket, deadline: float) -> Opening:
         return open_connection(sock, handshake, deadline, timeout=timeout, idle_timeout=idle_timeout)
 
-    listener = Listener(server, open_one, Opening.close, timeout=timeout, log=warn, max_pending=max_pending)
+    listener = Listener(
+        server, open_one, Opening.close, timeout=timeout, log=warn, max_pending=max_pending, busy=busy_answer
+    )
     expected = resume.stream if resume else None
     try:
         while True:

@@ -35,14 +35,15 @@ from ..io.outputs import OutputDirectory, OutputFile
 from ..io.threads import started
 from ..net.address import listen
 from ..net.journal import PART_SUFFIX, Journal, load_state, state_path
-from ..net.listener import Listener, describe_peer
+from ..net.listener import MAX_PENDING, MAX_PER_SOURCE, Listener, describe_peer
 from ..net.progress import NONE, Progress
 from ..net.receiving import receive_resumable
-from ..net.session.connection import failure_status, tell
+from ..net.session.connection import busy_answer, failure_status, tell
 from ..net.session.protocol import PREFIX_SIZE, listed_line, status_line
 from ..net.session.receiver import Opening, SessionReceiver, open_connection
 from ..net.sinks import ChildSink
 from ..net.tls import Channel, PlainChannel, accept_channel
+from ..net.tls.kernel import opens_handshake
 from ..net.tls.keys import fingerprint
 from ..ops.identity import snapshot_name, stream_identity
 from ..ops.ledger import Checkpoint, Ledger
@@ -110,7 +111,9 @@ class Service:
                 Opening.close,
                 timeout=config.handshake_timeout,
                 log=lambda text: self.log("refused", reason=text),
-                max_pending=max(config.max_transfers, 16),
+                max_pending=max(config.max_transfers, MAX_PENDING),
+                max_per_source=MAX_PER_SOURCE,
+                busy=busy_answer,
             )
             listener.serve()
             self.log("listening", address=f"{config.listen.host}:{server.getsockname()[1]}", tls=config.tls)
@@ -293,9 +296,6 @@ class Service:
             threads[0].join(0.25)
 
 
-TLS_HANDSHAKE_RECORD = 0x16  # the first byte of every TLS ClientHello
-
-
 def _speaks_tls(sock: socket.socket, seconds: float) -> bool:
     """Whether the peer's first byte opens a TLS handshake (it is read again by whoever takes the socket)."""
     poller = select.poll()  # not select(): a service's descriptors pass FD_SETSIZE
@@ -305,7 +305,7 @@ def _speaks_tls(sock: socket.socket, seconds: float) -> bool:
     first = sock.recv(1, socket.MSG_PEEK)
     if not first:
         raise e.SessionError("the connection ended before a TLS handshake or a session hello")
-    return first[0] == TLS_HANDSHAKE_RECORD
+    return opens_handshake(first)
 
 
 def _unencrypted(sock: socket.socket, config: Config) -> Channel:

@@ -10,6 +10,7 @@ from typing import Generic, TypeVar
 from ... import errors as e
 from ...errors import TlsError
 from ..tls import Channel
+from ..tls.kernel import BUSY_ALERT, opens_handshake
 from .protocol import Data, Event, ReceiverConnection, SenderConnection, status_line
 
 BUFFER_SIZE = 256 << 10
@@ -117,6 +118,15 @@ def tell(channel: Channel, code: int, message: str, seconds: float = 1.0) -> Non
     channel.set_deadline(time.monotonic() + seconds)
     with contextlib.suppress(Exception):
         channel.send_all(status_line(code, message))
+
+
+def busy_answer(first: bytes, why: str) -> bytes:
+    """What a connection refused for load (:class:`~sendstream.net.listener.Listener`) is told, in the
+    language of its ``first`` bytes: a TLS client, before any handshake, only an alert (which our sender
+    takes as busy); any other a status."""
+    if opens_handshake(first):
+        return BUSY_ALERT
+    return status_line(e.EXIT_IO, f"busy: {why}; try again later")
 
 
 def failure_status(exc: BaseException) -> tuple[int, str]:
