@@ -18,6 +18,7 @@ import socket
 import subprocess
 import threading
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from support.net import CMD, free_port, key_file, tls_args, wait_listening
 from support.proxy import Proxy
 from support.streams import FIXTURES, SAMPLE
 
-from sendstream.errors import TlsError
+from sendstream.errors import SessionError, TlsError
 from sendstream.net import listener, tls
 from sendstream.ops.identity import stream_identity
 
@@ -296,6 +297,49 @@ def test_knocks_during_a_session_neither_stall_nor_supersede_it(mode: str, key: 
 )
 def test_a_connections_source_is_its_address_or_its_ipv6_64(address: tuple[object, ...], source: str) -> None:
     assert listener.source(address) == source
+
+
+def test_refusals_not_shown_are_counted_when_their_window_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The count of the refusals beyond the burst is logged once its window ends (the clock the test's),
+    not at the next refusal, which may come hours later: here all fail at once after the last was accepted."""
+    now = [1000.0]
+    monkeypatch.setattr(listener, "time", types.SimpleNamespace(monotonic=lambda: now[0], sleep=time.sleep))
+    monkeypatch.setattr(listener, "LOG_WINDOW", 1.0)
+    knocks = listener.LOG_BURST + 5
+    lines: list[str] = []
+    counted, opening, fail = threading.Event(), threading.Semaphore(0), threading.Event()
+
+    def log(text: str) -> None:
+        lines.append(text)
+        if "more connections refused" in text:
+            counted.set()
+
+    def refuse(sock: socket.socket, deadline: float) -> None:
+        opening.release()
+        fail.wait(30)
+        raise SessionError("refused by the test")
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        taker = listener.Listener(server, refuse, lambda item: None, timeout=5.0, log=log)
+        taker.serve()
+        peers = []
+        try:
+            for _ in range(knocks):
+                peers.append(socket.create_connection(server.getsockname(), timeout=10))
+            for _ in range(knocks):
+                assert opening.acquire(timeout=30)  # every one accepted: the accept loop has nothing to do
+            fail.set()
+            for peer in peers:
+                assert peer.recv(1) == b""  # closed: its refusal is logged or counted
+            assert len(lines) == listener.LOG_BURST, lines
+            now[0] += 2.0  # the window ends; nobody knocks again
+            assert counted.wait(30), lines
+        finally:
+            fail.set()
+            taker.close()
+            for peer in peers:
+                peer.close()
+    assert lines[-1] == "5 more connections refused within 1 s (not shown)", lines
 
 
 # --- after the hello: the idle timeout ------------------------------------------------------------------------------

@@ -22,8 +22,8 @@ client refused for load hears that the service is busy. Memory is bounded
 by ``2 * max_pending`` times what one opening holds (for sendstream: a TLS
 session and a 68 KiB buffer), plus one thread each, plus :data:`MAX_BUSY`
 sockets. Refusals are logged in full up to :data:`LOG_BURST` per
-:data:`LOG_WINDOW` seconds, then counted, so a flood of connections cannot
-flood the log.
+:data:`LOG_WINDOW` seconds, then counted, and the count is logged when
+its window ends, so a flood of connections cannot flood the log.
 """
 
 from __future__ import annotations
@@ -209,9 +209,13 @@ class Listener(Generic[T]):
         try:
             while True:
                 ready = {fd for fd, _ in poller.poll(self._next_wait(refused))}
-                if self._wake_r.fileno() in ready or generation != self._generation:
+                if self._wake_r.fileno() in ready:
+                    with contextlib.suppress(BlockingIOError):
+                        self._wake_r.recv(4096, socket.MSG_DONTWAIT)
+                if generation != self._generation:  # halted (else woken to count refusals by the clock)
                     return
                 refused.answer(ready)
+                self._log_window()
                 if self._server.fileno() not in ready:
                     continue
                 try:
@@ -231,8 +235,12 @@ class Listener(Generic[T]):
 
     def _next_wait(self, refused: _Refusals) -> int:
         """Milliseconds until the accept loop has something to do by the clock (-1: nothing)."""
-        due = refused.wait()
-        return -1 if due is None else max(math.ceil(due * 1000), 0)
+        waits = [refused.wait()]
+        with self._log_lock:
+            if self._suppressed:
+                waits.append(self._window + LOG_WINDOW - time.monotonic())
+        due = [w for w in waits if w is not None]
+        return max(math.ceil(min(due) * 1000), 0) if due else -1
 
     def _start(self, sock: socket.socket, peer: str, source: str, generation: int) -> str:
         """Open ``sock`` in a thread of its own; or, the service busy, refuse it: the reason ("" when not)."""
@@ -260,8 +268,8 @@ class Listener(Generic[T]):
             try:
                 item = self._open(attempt.sock, attempt.deadline)
             except Exception as exc:
-                attempt.sock.close()
                 self._refused(attempt.peer, attempt.why or str(exc) or type(exc).__name__)
+                attempt.sock.close()  # after the log: a peer that sees the close finds its refusal counted
                 return
             if attempt.generation == self._generation and self._arrived is not None:
                 try:
@@ -299,8 +307,19 @@ class Listener(Generic[T]):
             if self._shown < LOG_BURST:
                 self._shown += 1
                 self._log(f"connection from {peer} refused: {reason}")
-            else:
-                self._suppressed += 1
+                return
+            self._suppressed += 1
+            first = self._suppressed == 1
+        if first:  # the accept loop logs the count when the window ends: it sets its clock for that now
+            with contextlib.suppress(OSError):
+                self._wake_w.send(b".")
+
+    def _log_window(self) -> None:
+        """Log the count of the refusals not shown once their window ended, without waiting for another."""
+        with self._log_lock:
+            if self._suppressed and time.monotonic() - self._window >= LOG_WINDOW:
+                self._flush_log()
+                self._window = time.monotonic()
 
     def _flush_log(self) -> None:
         if self._suppressed:
