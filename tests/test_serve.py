@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.btrfs import need_root_btrfs
@@ -30,6 +32,8 @@ from sendstream.net.listener import MAX_PER_SOURCE
 from sendstream.net.tls import connect_channel, load_key
 from sendstream.ops.identity import stream_identity
 from sendstream.ops.stored import stream_name
+from sendstream.service.config import load
+from sendstream.service.server import EventLog, Service
 
 FULL = FIXTURES / "rich-full-v2.stream"
 INCR = FIXTURES / "rich-incr-v2.stream"
@@ -523,9 +527,7 @@ def test_a_second_ctrl_c_ends_a_draining_service_at_once(tmp_path: Path) -> None
 
 
 def _sender(port: int, tmp_path: Path, stream: Path, *extra: str) -> subprocess.Popen[bytes]:
-    key = tmp_path / "keys" / "alpha.key"
-    argv = [*CMD, "send", "--to", f"127.0.0.1:{port}", str(stream), "--key", str(key), "--identity", "alpha"]
-    return subprocess.Popen([*argv, "--progress", "none", "--resumable", *extra], stderr=subprocess.PIPE)
+    return _sender_of(port, tmp_path, "alpha", stream, "--resumable", *extra)
 
 
 def _big(tmp_path: Path) -> Path:
@@ -694,3 +696,61 @@ def test_silent_connections_from_one_address_leave_room_for_others(tmp_path: Pat
     assert stored(tmp_path, "alpha")[name_of(FULL)] == FULL.read_bytes()
     reasons = [str(e.get("reason")) for e in events(proc) if e["event"] == "refused"]
     assert f"busy: {MAX_PER_SOURCE} connections from 127.0.0.2 are already opening" in " ".join(reasons), reasons
+
+
+def test_limits_hold_for_transfers_and_lists_that_connect_at_once(tmp_path: Path) -> None:
+    """max_per_client and max_transfers are checked and the transfer registered in one step, lists counted
+    too: every admitted transfer or list is held where it begins until all have connected, and no more than
+    the limits got in."""
+    port = free_port()
+    config = write_config(tmp_path, port, "max_per_client = 1\nmax_transfers = 2", clients=("alpha", "beta", "gamma"))
+    gate, lock, entered = threading.Event(), threading.Lock(), []
+
+    def at_gate(slot: Any) -> None:
+        with lock:
+            entered.append(slot)
+        gate.wait(60)
+
+    class Held(Service):
+        def _transfer(self, *args: Any) -> None:
+            at_gate(args)
+            super()._transfer(*args)
+
+        def _list(self, *args: Any) -> None:
+            at_gate(args)
+            super()._list(*args)
+
+    lines = io.StringIO()
+    stop = threading.Event()
+    held = Held(load(str(config)), EventLog(lines, "json"))
+    running = threading.Thread(target=held.run, args=(stop,))
+    running.start()
+    try:
+        wait_listening(port)
+        jobs: list[tuple[str, tuple[str, ...]]] = [(c, ()) for c in ("alpha", "beta", "gamma") for _ in range(2)]
+        jobs += [("alpha", ("--list",)), ("beta", ("--list",))]
+        procs = [_sender_of(port, tmp_path, client, FULL, *extra) for client, extra in jobs]
+        deadline = time.monotonic() + 60
+        while len(entered) + sum(p.poll() is not None for p in procs) < len(procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        admitted = len(entered)
+        gate.set()
+        results = [(p.wait(60), p.communicate()[1]) for p in procs]
+    finally:
+        gate.set()
+        stop.set()
+        running.join(60)
+    assert admitted == 2, (admitted, results)
+    assert sorted(code for code, _ in results) == [0, 0] + [4] * (len(jobs) - 2), results
+    assert all(b"busy: " in err for code, err in results if code), results
+    log = [json.loads(line) for line in lines.getvalue().splitlines()]
+    began = [e["client"] for e in log if e["event"] in ("transfer", "listed")]
+    assert len(began) == 2 and len(set(began)) == 2, log  # one each at most
+    refused = [str(e["reason"]) for e in log if e["event"] == "refused"]
+    assert len(refused) == len(jobs) - 2 and all(" running" in r for r in refused), refused
+
+
+def _sender_of(port: int, tmp_path: Path, client: str, stream: Path, *extra: str) -> subprocess.Popen[bytes]:
+    key = tmp_path / "keys" / f"{client}.key"
+    argv = [*CMD, "send", "--to", f"127.0.0.1:{port}", str(stream), "--key", str(key), "--identity", client]
+    return subprocess.Popen([*argv, "--progress", "none", *extra], stderr=subprocess.PIPE)

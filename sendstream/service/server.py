@@ -14,6 +14,7 @@ sender and logged; the service goes on.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -84,6 +85,14 @@ def _text(value: Any) -> str:
     return json.dumps(text) if not text or any(c.isspace() or c in '"=' for c in text) else text
 
 
+@dataclasses.dataclass(eq=False)
+class _Slot:
+    """A transfer or a listing of ``client``, holding one place in the limits."""
+
+    opening: Opening
+    client: Client
+
+
 class Service:
     """The service of ``config``: :meth:`run` until ``stop`` is set."""
 
@@ -92,7 +101,7 @@ class Service:
         self.log = log
         self.metrics = metrics or NoMetrics()
         self._lock = threading.Lock()
-        self._active: dict[str, set[SessionReceiver]] = {name: set() for name in config.clients}
+        self._active: dict[str, set[_Slot]] = {name: set() for name in config.clients}  # registered when admitted
         self._threads: set[threading.Thread] = set()
         self._s3: Any = None
         self._claims: dict[str, str] = {}  # what running transfers make: subvolume UUIDs, subvolumes, journals
@@ -141,43 +150,48 @@ class Service:
         )
 
     def _start(self, opening: Opening) -> None:
+        """Admit a transfer or a listing within the limits (checked and registered in one step), and run it
+        in a thread; or refuse it, and tell its sender why."""
         client = self.config.clients.get(opening.channel.identity or "")
         if client is None:  # the key lookup knows only configured clients: never here
             opening.close()
             return
-        if opening.listing:
-            self._run(self._list, opening, client)
-            return
+        slot = _Slot(opening, client)
         with self._lock:
+            mine = self._active[client.identity]
             total = sum(len(s) for s in self._active.values())
             busy = (
                 f"{client.identity} already has {_count(self.config.max_per_client, 'transfer')} running"
-                if len(self._active[client.identity]) >= self.config.max_per_client
+                if len(mine) >= self.config.max_per_client
                 else f"{_count(total, 'transfer')} running, the most this service takes"
                 if total >= self.config.max_transfers
                 else None
             )
+            if busy is None:
+                mine.add(slot)
         if busy:
             self.metrics.refused(client.identity, "busy")
             self.log("refused", client=client.identity, peer=opening.peer, reason=busy)
             tell(opening.channel, e.EXIT_IO, f"busy: {busy}; try again later")
             opening.close()
             return
-        self._run(self._transfer, opening, client)
+        self._run(self._list if opening.listing else self._transfer, slot)
 
-    def _run(self, work: Callable[[Opening, Client], None], opening: Opening, client: Client) -> None:
+    def _run(self, work: Callable[[_Slot], None], slot: _Slot) -> None:
         def run() -> None:
             try:
-                work(opening, client)
+                work(slot)
             finally:
                 with self._lock:
+                    self._active[slot.client.identity].discard(slot)
                     self._threads.discard(threading.current_thread())
 
         with self._lock:
             self._threads.add(started(run))
 
-    def _list(self, opening: Opening, client: Client) -> None:
+    def _list(self, slot: _Slot) -> None:
         """Answer a client's :class:`~sendstream.net.session.protocol.ListRequest`: its snapshots, its own only."""
+        opening, client = slot.opening, slot.client
         try:
             snapshots = held(client, self._s3)
             answer = b"".join(listed_line(s) for s in snapshots)
@@ -189,7 +203,8 @@ class Service:
         finally:
             opening.close()
 
-    def _transfer(self, opening: Opening, client: Client) -> None:
+    def _transfer(self, slot: _Slot) -> None:
+        opening, client = slot.opening, slot.client
         began = time.monotonic()
         fields: dict[str, Any] = {"client": client.identity, "peer": opening.peer}
         session: SessionReceiver | None = None
@@ -210,8 +225,6 @@ class Service:
                 identity=checkpoint.stream if checkpoint else None,
                 ledger=(checkpoint.commands, checkpoint.ledger) if checkpoint else None,
             )
-            with self._lock:
-                self._active[client.identity].add(session)
             resumed = {"resumed": checkpoint.offset} if checkpoint else {}
             self.log("transfer", **fields, compressed=opening.channel.compressed, **resumed)
             if client.archive:
@@ -249,8 +262,6 @@ class Service:
                     del self._claims[claim]
             if session is not None:
                 session.close()
-                with self._lock:
-                    self._active[client.identity].discard(session)
 
     def _archive(self, session: SessionReceiver, client: Client, peer: str) -> tuple[str, int, tuple[str, ...]]:
         """Check the stream of ``session`` and archive it in ``client``'s bucket (as ``send --to s3://``)."""
@@ -286,12 +297,12 @@ class Service:
         while True:
             with self._lock:
                 threads = list(self._threads)
-                sessions = [s for group in self._active.values() for s in group]
+                slots = [slot for group in self._active.values() for slot in group]
             if not threads:
                 return
             if time.monotonic() > deadline:
-                for session in sessions:  # cut: each fails, removes its hidden file and says why
-                    session.channel.interrupt()
+                for slot in slots:  # cut: each fails, removes its hidden file and says why
+                    slot.opening.channel.interrupt()
                 deadline = float("inf")
             threads[0].join(0.25)
 
