@@ -88,7 +88,9 @@ def serve(config_path: str, check_config: bool, log_format: str, metrics: str | 
     stream: each ends its own connection, with a logged reason and a status
     to the sender, and the service goes on. A stream is stored whole and
     checked, named by its subvolume UUID and ctransid (and its parent's),
-    with a JSON manifest beside it.
+    with a JSON manifest beside it. SIGHUP reads FILE again: running
+    transfers go on, but those of a client removed or whose key changed are
+    cut; a wrong FILE is logged and the running configuration kept.
     """
     import signal
     import threading
@@ -104,7 +106,7 @@ def serve(config_path: str, check_config: bool, log_format: str, metrics: str | 
             f"({', '.join(sorted(config.clients))}), {config.tls} on {config.listen.host}:{config.listen.port}"
         )
         return
-    stop = threading.Event()
+    stop, hangup = threading.Event(), threading.Event()
 
     def stopping(signum: int, frame: object) -> None:
         stop.set()  # a second signal ends the process at once
@@ -113,6 +115,7 @@ def serve(config_path: str, check_config: bool, log_format: str, metrics: str | 
 
     signal.signal(signal.SIGTERM, stopping)
     signal.signal(signal.SIGINT, stopping)
+    signal.signal(signal.SIGHUP, lambda signum, frame: hangup.set())  # the service reloads between connections
     log = EventLog(sys.stderr, log_format)
     counted = None
     if metrics is not None:
@@ -122,7 +125,7 @@ def serve(config_path: str, check_config: bool, log_format: str, metrics: str | 
         address = Address.parse(metrics, listen=True)
         log("metrics", address=f"{address.host}:{counted.serve(address)}")
     try:
-        Service(config, log, counted).run(stop)
+        Service(config, log, counted).run(stop, hangup)
     finally:
         if counted is not None:
             counted.close()

@@ -15,7 +15,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from support.trees import differences
 from sendstream import Command, encode_command, encode_stream_header
 from sendstream.net.journal import PART_SUFFIX, load_state
 from sendstream.net.listener import MAX_PER_SOURCE
-from sendstream.net.tls import connect_channel, load_key
+from sendstream.net.tls import Channel, connect_channel, load_key
 from sendstream.ops.identity import stream_identity
 from sendstream.ops.stored import stream_name
 from sendstream.service.config import load
@@ -175,11 +175,16 @@ def test_a_bad_stream_leaves_nothing_in_the_place(tmp_path: Path) -> None:
     assert len(failed) == 1 and failed[0]["client"] == "alpha" and "crc32c mismatch" in str(failed[0]["reason"])
 
 
-def raw_tls_send(port: int, key: Path, identity: str, data: bytes) -> bytes:
-    """``data`` as a raw stream through a TLS channel of the library (no checks first); the status line."""
+def tls_channel(port: int, key: Path, identity: str) -> Channel:
+    """A TLS channel of the library to the service, with ``key`` and ``identity``."""
     sock = socket.create_connection(("127.0.0.1", port))
     sock.settimeout(20)
-    with connect_channel(sock, "tls13-aes128-gcm", load_key(key), identity) as channel:
+    return connect_channel(sock, "tls13-aes128-gcm", load_key(key), identity)
+
+
+def raw_tls_send(port: int, key: Path, identity: str, data: bytes) -> bytes:
+    """``data`` as a raw stream through a TLS channel of the library (no checks first); the status line."""
+    with tls_channel(port, key, identity) as channel:
         with contextlib.suppress(OSError):
             channel.send_all(data)
             channel.shutdown_write()
@@ -663,6 +668,35 @@ def test_a_killed_service_resumes_into_btrfs_receive(tmp_path: Path) -> None:
 # what a new admin and an attacker found (issue 24)
 
 
+class LiveLog:
+    """The JSON lines a running service logs, read as they come: a test waits for an event, not a time."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.events: list[dict[str, Any]] = []
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self._reader.start()
+
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            with self._cond:
+                self.events.append(json.loads(line) if line.startswith(b"{") else {"event": "text", "line": line})
+                self._cond.notify_all()
+
+    def wait(self, match: Callable[[dict[str, Any]], bool], count: int = 1) -> list[dict[str, Any]]:
+        """The first ``count`` events that ``match``, once they are logged (a failure after 60 s)."""
+        with self._cond:
+            found = self._cond.wait_for(lambda: len([e for e in self.events if match(e)]) >= count, timeout=60)
+            assert found, self.events
+            return [e for e in self.events if match(e)][:count]
+
+    def end(self) -> list[dict[str, Any]]:
+        """Every event, once the service ended."""
+        self._reader.join(60)
+        return self.events
+
+
 def test_silent_connections_from_one_address_leave_room_for_others(tmp_path: Path) -> None:
     """Connections being opened are bounded per source address: one more from a full one is told the service
     is busy (in TLS, or in plain words), and hundreds of silent ones from one address let another in."""
@@ -754,3 +788,89 @@ def _sender_of(port: int, tmp_path: Path, client: str, stream: Path, *extra: str
     key = tmp_path / "keys" / f"{client}.key"
     argv = [*CMD, "send", "--to", f"127.0.0.1:{port}", str(stream), "--key", str(key), "--identity", client]
     return subprocess.Popen([*argv, "--progress", "none", *extra], stderr=subprocess.PIPE)
+
+
+def _half_sent(port: int, tmp_path: Path, client: str) -> Channel:
+    """A raw stream's first half, sent through a TLS channel of ``client``'s key, the rest held."""
+    channel = tls_channel(port, tmp_path / "keys" / f"{client}.key", client)
+    data = FULL.read_bytes()
+    channel.send_all(data[: len(data) // 2])
+    return channel
+
+
+def _rest_sent(channel: Channel) -> bytes:
+    """The rest of :func:`_half_sent`'s stream, then the receiver's status (b"" when it cut the connection)."""
+    data = FULL.read_bytes()
+    buf = bytearray(4096)
+    with channel, contextlib.suppress(Exception):
+        channel.send_all(data[len(data) // 2 :])
+        channel.shutdown_write()
+        return bytes(buf[: channel.recv_into(buf)])
+    return b""
+
+
+def test_sighup_reloads_the_configuration_and_cuts_only_what_it_revoked(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha", "beta", "gamma", "delta"))
+    first = config.read_text()
+    config.write_text(first.split("[clients.delta]")[0])  # delta comes with the reload
+    with service(config, port) as proc:
+        log = LiveLog(proc)
+        running = {client: _half_sent(port, tmp_path, client) for client in ("alpha", "beta", "gamma")}
+        log.wait(lambda e: e["event"] == "transfer", count=3)
+        key_file(tmp_path / "keys" / "gamma.new.key")
+        body = first.replace('[clients.beta]\nkey = "keys/beta.key"\nstore = "places/beta"\n', "")
+        config.write_text(body.replace('"keys/gamma.key"', '"keys/gamma.new.key"'))
+        proc.send_signal(signal.SIGHUP)
+        reloaded = log.wait(lambda e: e["event"] == "reloaded")[0]
+        cut = log.wait(lambda e: e["event"] == "failed", count=2)
+        statuses = {client: _rest_sent(channel) for client, channel in running.items()}
+        added = send(port, tmp_path, "delta", FULL)
+        rekeyed = send(port, tmp_path, "gamma", FULL, "--key", str(tmp_path / "keys" / "gamma.new.key"))
+        revoked = send(port, tmp_path, "gamma", INCR)
+
+        config.write_text("[clients.alpha\n")  # a wrong file: refused, the running configuration kept
+        proc.send_signal(signal.SIGHUP)
+        wrong = log.wait(lambda e: e["event"] == "reload-refused")[0]
+        config.write_text(body.replace(f"127.0.0.1:{port}", f"127.0.0.1:{free_port()}"))
+        proc.send_signal(signal.SIGHUP)
+        moved = log.wait(lambda e: e["event"] == "reload-refused", count=2)[1]
+        kept = send(port, tmp_path, "delta", INCR)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        every = log.end()
+    assert proc.returncode == 0 and every[-1]["event"] == "stopped", every
+    assert {k: reloaded.get(k) for k in ("added", "removed", "rekeyed")} == {
+        "added": "delta",
+        "removed": "beta",
+        "rekeyed": "gamma",
+    }, reloaded
+    assert sorted(str(reloaded["cut"]).replace("@", " ").split(",")) == sorted(
+        f"{e['client']} {e['peer']}" for e in cut
+    )
+    assert {e["client"]: e["reason"] for e in cut} == {
+        "beta": "cut: the configuration no longer has client beta",
+        "gamma": "cut: the key of client gamma changed",
+    }
+    assert statuses == {"alpha": b"sendstream-status 0 ok\n", "beta": b"", "gamma": b""}, statuses  # alpha went on
+    assert stored(tmp_path, "alpha")[name_of(FULL)] == FULL.read_bytes() and not stored(tmp_path, "beta")
+    assert added.returncode == 0 and rekeyed.returncode == 0 and kept.returncode == 0, (added, rekeyed, kept)
+    assert revoked.returncode == 6 and b"wrong key or identity" in revoked.stderr, revoked.stderr
+    assert "not TOML" in str(wrong["reason"]) and wrong["kept"] == "the running configuration", wrong
+    assert "a running service cannot move; restart it to listen elsewhere" in str(moved["reason"]), moved
+
+
+def test_metrics_on_a_port_in_use_names_the_address(tmp_path: Path) -> None:
+    pytest.importorskip("prometheus_client", reason="serve --metrics needs prometheus_client (the test extra has it)")
+    config = write_config(tmp_path, free_port(), clients=("alpha",))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        scrape = taken.getsockname()[1]
+        argv = [*CMD, "serve", "--config", str(config), "--metrics", f"127.0.0.1:{scrape}"]
+        result = subprocess.run(argv, capture_output=True, timeout=60)
+    assert result.returncode == 4
+    assert result.stderr.decode() == (
+        f"sendstream: error: listening for metrics on 127.0.0.1:{scrape}: address already in use "
+        "(another process listens there: stop it or choose another port)\n"
+    )

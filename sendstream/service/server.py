@@ -49,7 +49,7 @@ from ..net.tls.keys import fingerprint
 from ..ops.identity import snapshot_name, stream_identity
 from ..ops.ledger import Checkpoint, Ledger
 from ..ops.stored import manifest, stream_name
-from .config import Client, Config
+from .config import Client, Config, ConfigError, load
 from .confine import UuidGuard, leftover, subvolumes
 from .held import held
 from .metrics import Metrics, NoMetrics
@@ -87,37 +87,38 @@ def _text(value: Any) -> str:
 
 @dataclasses.dataclass(eq=False)
 class _Slot:
-    """A transfer or a listing of ``client``, holding one place in the limits."""
+    """A transfer or a listing of ``client`` (as its connection proved it), holding one place in the limits."""
 
     opening: Opening
     client: Client
+    cut: str = ""  # why the service cut it: the reload that revoked it
 
 
 class Service:
-    """The service of ``config``: :meth:`run` until ``stop`` is set."""
+    """The service of ``config``: :meth:`run` until ``stop`` is set; :meth:`reload` takes a new configuration."""
 
     def __init__(self, config: Config, log: EventLog, metrics: Metrics | NoMetrics | None = None) -> None:
         self.config = config
         self.log = log
         self.metrics = metrics or NoMetrics()
         self._lock = threading.Lock()
-        self._active: dict[str, set[_Slot]] = {name: set() for name in config.clients}  # registered when admitted
+        self._active: dict[str, set[_Slot]] = {}  # by client: what runs, each registered as it is admitted
         self._threads: set[threading.Thread] = set()
         self._s3: Any = None
         self._claims: dict[str, str] = {}  # what running transfers make: subvolume UUIDs, subvolumes, journals
+        self._listener: Listener[tuple[Opening, Client]] | None = None
 
-    def run(self, stop: threading.Event) -> None:
-        """Accept and serve until ``stop``; then let running transfers end (at most :data:`DRAIN_SECONDS`)."""
+    def run(self, stop: threading.Event, hangup: threading.Event | None = None) -> None:
+        """Accept and serve until ``stop``; then let running transfers end (at most :data:`DRAIN_SECONDS`).
+        Each time ``hangup`` is set, read the configuration's file again (:meth:`reload`)."""
         config = self.config
         for client in config.clients.values():
-            kind = "receive" if client.receive else "store"
-            trusted = {"trusted": ",".join(map(str, client.trusted))} if client.trusted else {}
-            self.log("client", client=client.identity, key=fingerprint(client.key), **{kind: client.place}, **trusted)
+            self._log_client(client)
         with listen(config.listen.host, config.listen.port) as server:
-            listener = Listener(
+            self._listener = listener = Listener(
                 server,
                 self._open,
-                Opening.close,
+                lambda item: item[0].close(),
                 timeout=config.handshake_timeout,
                 log=lambda text: self.log("refused", reason=text),
                 max_pending=max(config.max_transfers, MAX_PENDING),
@@ -128,16 +129,66 @@ class Service:
             self.log("listening", address=f"{config.listen.host}:{server.getsockname()[1]}", tls=config.tls)
             try:
                 while not stop.is_set():
-                    opening = listener.next(0.25)
-                    if opening is not None:
-                        self._start(opening)
+                    if hangup is not None and hangup.is_set():
+                        hangup.clear()
+                        self._reload_file()
+                    opened = listener.next(0.25)
+                    if opened is not None:
+                        self._start(*opened)
             finally:
                 listener.close()
                 server.close()  # a new sender is refused at once, not left in the backlog to be cut later
                 self._drain()
         self.log("stopped")
 
-    def _open(self, sock: Any, deadline: float) -> Opening:
+    def _log_client(self, client: Client) -> None:
+        kind = "receive" if client.receive else "store"
+        trusted = {"trusted": ",".join(map(str, client.trusted))} if client.trusted else {}
+        self.log("client", client=client.identity, key=fingerprint(client.key), **{kind: client.place}, **trusted)
+
+    def _reload_file(self) -> None:
+        """:meth:`reload` the configuration's file; one that is wrong is logged, and the running one kept."""
+        try:
+            self.reload(load(self.config.path, warn=lambda text: self.log("warning", message=text)))
+        except Exception as exc:
+            reason = failure_status(exc)[1]
+            self.log("reload-refused", config=self.config.path, reason=reason, kept="the running configuration")
+
+    def reload(self, config: Config) -> None:
+        """Serve ``config`` from now on, its clients, keys, places and limits, without cutting what runs;
+        but the transfers of a client it no longer has, or whose key it changed, are cut (revoked)."""
+        old = self.config
+        if config.listen != old.listen:
+            raise ConfigError(
+                config.path,
+                f"listen: {config.listen.host}:{config.listen.port}, not {old.listen.host}:{old.listen.port}: "
+                "a running service cannot move; restart it to listen elsewhere",
+            )
+        self.config = config
+        if self._listener is not None:
+            self._listener.timeout = config.handshake_timeout
+        cut = []
+        with self._lock:
+            for slot in (slot for slots in self._active.values() for slot in slots):
+                why = _revoked(slot.client, slot.opening, config)
+                if why and not slot.cut:
+                    slot.cut = f"cut: {why}"
+                    slot.opening.channel.interrupt()  # it fails, and stops as a transfer that was cut does
+                    cut.append(f"{slot.client.identity}@{slot.opening.peer}")
+        for client in config.clients.values():
+            if old.clients.get(client.identity) != client:
+                self._log_client(client)
+        changes = {
+            "added": sorted(set(config.clients) - set(old.clients)),
+            "removed": sorted(set(old.clients) - set(config.clients)),
+            "rekeyed": sorted(n for n, c in config.clients.items() if n in old.clients and old.clients[n].key != c.key),
+            "cut": cut,
+        }
+        fields = {name: ",".join(names) for name, names in changes.items() if names}
+        self.log("reloaded", config=config.path, clients=len(config.clients), **fields)
+
+    def _open(self, sock: Any, deadline: float) -> tuple[Opening, Client]:
+        """Shake hands and read the first words; the opening, and the client as its key or address proved it."""
         config = self.config
 
         def handshake(sock: socket.socket, seconds: float) -> Channel:
@@ -145,26 +196,30 @@ class Service:
                 return _unencrypted(sock, config)
             return accept_channel(sock, config.tls, config.key_of, handshake_timeout=seconds)
 
-        return open_connection(
+        opening = open_connection(
             sock, handshake, deadline, timeout=config.handshake_timeout, idle_timeout=config.idle_timeout
         )
+        return opening, config.clients[opening.channel.identity or ""]
 
-    def _start(self, opening: Opening) -> None:
-        """Admit a transfer or a listing within the limits (checked and registered in one step), and run it
-        in a thread; or refuse it, and tell its sender why."""
-        client = self.config.clients.get(opening.channel.identity or "")
-        if client is None:  # the key lookup knows only configured clients: never here
+    def _start(self, opening: Opening, client: Client) -> None:
+        """Admit a transfer or a listing of ``client`` within the limits (checked and registered at once),
+        and run it in a thread; or refuse it, and tell its sender why."""
+        config = self.config
+        revoked = _revoked(client, opening, config)
+        if revoked:
+            self.log("refused", client=client.identity, peer=opening.peer, reason=revoked)
+            tell(opening.channel, e.EXIT_TLS, f"refused: {revoked}")
             opening.close()
             return
-        slot = _Slot(opening, client)
+        slot = _Slot(opening, config.clients[client.identity])  # its settings now (its place may have moved)
         with self._lock:
-            mine = self._active[client.identity]
+            mine = self._active.setdefault(client.identity, set())
             total = sum(len(s) for s in self._active.values())
             busy = (
-                f"{client.identity} already has {_count(self.config.max_per_client, 'transfer')} running"
-                if len(mine) >= self.config.max_per_client
+                f"{client.identity} already has {_count(config.max_per_client, 'transfer')} running"
+                if len(mine) >= config.max_per_client
                 else f"{_count(total, 'transfer')} running, the most this service takes"
-                if total >= self.config.max_transfers
+                if total >= config.max_transfers
                 else None
             )
             if busy is None:
@@ -183,7 +238,10 @@ class Service:
                 work(slot)
             finally:
                 with self._lock:
-                    self._active[slot.client.identity].discard(slot)
+                    mine = self._active[slot.client.identity]
+                    mine.discard(slot)
+                    if not mine and slot.client.identity not in self.config.clients:
+                        del self._active[slot.client.identity]  # a removed client's last
                     self._threads.discard(threading.current_thread())
 
         with self._lock:
@@ -198,7 +256,7 @@ class Service:
             opening.channel.send_all(answer + status_line(0, f"{len(snapshots)} snapshots"))
             self.log("listed", client=client.identity, peer=opening.peer, snapshots=len(snapshots))
         except Exception as exc:
-            self.log("failed", client=client.identity, peer=opening.peer, reason=f"listing: {exc}")
+            self.log("failed", client=client.identity, peer=opening.peer, reason=slot.cut or f"listing: {exc}")
             tell(opening.channel, *failure_status(exc))
         finally:
             opening.close()
@@ -254,7 +312,8 @@ class Service:
             else:
                 tell(opening.channel, code, message)
                 opening.close()
-            self.log("failed", **fields, seconds=round(time.monotonic() - began, 3), code=code, reason=message)
+            reason = slot.cut or message
+            self.log("failed", **fields, seconds=round(time.monotonic() - began, 3), code=code, reason=reason)
         finally:
             self.metrics.ended(client.identity, result, size, names)
             with self._lock:
@@ -305,6 +364,21 @@ class Service:
                     slot.opening.channel.interrupt()
                 deadline = float("inf")
             threads[0].join(0.25)
+
+
+def _revoked(client: Client, opening: Opening, config: Config) -> str:
+    """Why ``config`` no longer lets the connection of ``opening``, which proved ``client``, in ("" if it does):
+    the client is gone, its key changed, or its address is no longer trusted to send unencrypted."""
+    now = config.clients.get(client.identity)
+    if now is None:
+        return f"the configuration no longer has client {client.identity}"
+    if now.key != client.key:
+        return f"the key of client {client.identity} changed"
+    host = opening.peer.rsplit(":", 1)[0].strip("[]")
+    trusting = config.trusting(host) if isinstance(opening.channel, PlainChannel) else now
+    if trusting is None or trusting.identity != client.identity:
+        return f"{host} is no longer among the trusted addresses of client {client.identity}"
+    return ""
 
 
 def _speaks_tls(sock: socket.socket, seconds: float) -> bool:
