@@ -140,7 +140,8 @@ def test_many_clients_at_once_while_others_attack(tmp_path: Path) -> None:
     assert proc.returncode == 0
     assert sum(e["event"] == "stored" for e in log) == len(jobs)
     reasons = " ".join(str(e.get("reason")) for e in log if e["event"] == "refused")
-    assert "wrong key or identity" in reasons and "does the peer speak TLS" in reasons, reasons
+    assert "wrong key or identity" in reasons, reasons
+    assert "which no client's trusted addresses hold: send with --tls tls13-aes128-gcm" in reasons, reasons  # garbage
     assert log[-1]["event"] == "stopped"
 
 
@@ -874,3 +875,23 @@ def test_metrics_on_a_port_in_use_names_the_address(tmp_path: Path) -> None:
         f"sendstream: error: listening for metrics on 127.0.0.1:{scrape}: address already in use "
         "(another process listens there: stop it or choose another port)\n"
     )
+
+
+def test_unencrypted_to_a_service_that_trusts_no_address_is_told_to_use_tls(tmp_path: Path) -> None:
+    """No client has a trusted list: a --tls none sender hears why and what to do (no reset, no raw bytes),
+    still sending (a plain stream 2 MB long), in a session, or asking for its list."""
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    big = tmp_path / "big.stream"
+    big.write_bytes(FULL.read_bytes() * 8)
+    with service(config, port):
+        results = [
+            send(port, tmp_path, "alpha", big, "--tls", "none"),
+            send(port, tmp_path, "alpha", FULL, "--tls", "none", "--resumable", "--retries", "0"),
+            send(port, tmp_path, "alpha", FULL, "--tls", "none", "--list"),
+        ]
+    why = b"which no client's trusted addresses hold: send with --tls tls13-aes128-gcm and the client's key"
+    for result in results:
+        assert result.returncode == 6 and b"unencrypted from 127.0.0.1:" in result.stderr, result.stderr
+        assert why in result.stderr and b"Traceback" not in result.stderr, result.stderr
+    assert not stored(tmp_path, "alpha")

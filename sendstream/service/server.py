@@ -39,7 +39,7 @@ from ..net.journal import PART_SUFFIX, Journal, load_state, state_path
 from ..net.listener import MAX_PENDING, MAX_PER_SOURCE, Listener, describe_peer
 from ..net.progress import NONE, Progress
 from ..net.receiving import receive_resumable
-from ..net.session.connection import busy_answer, failure_status, tell
+from ..net.session.connection import busy_answer, drain, failure_status, tell
 from ..net.session.protocol import PREFIX_SIZE, listed_line, status_line
 from ..net.session.receiver import Opening, SessionReceiver, open_connection
 from ..net.sinks import ChildSink
@@ -192,8 +192,8 @@ class Service:
         config = self.config
 
         def handshake(sock: socket.socket, seconds: float) -> Channel:
-            if any(c.trusted for c in config.clients.values()) and not _speaks_tls(sock, seconds):
-                return _unencrypted(sock, config)
+            if not _speaks_tls(sock, seconds):
+                return _unencrypted(sock, config, seconds)
             return accept_channel(sock, config.tls, config.key_of, handshake_timeout=seconds)
 
         opening = open_connection(
@@ -393,8 +393,9 @@ def _speaks_tls(sock: socket.socket, seconds: float) -> bool:
     return opens_handshake(first)
 
 
-def _unencrypted(sock: socket.socket, config: Config) -> Channel:
-    """A connection without TLS: the client whose ``trusted`` addresses hold the peer's, or refused (and told)."""
+def _unencrypted(sock: socket.socket, config: Config, seconds: float) -> Channel:
+    """A connection without TLS: the client whose ``trusted`` addresses hold the peer's, or refused (and
+    told, its bytes drained for at most ``seconds`` so that a reset does not lose what it was told)."""
     channel = PlainChannel(sock)
     peer = sock.getpeername()
     client = config.trusting(peer[0])
@@ -404,6 +405,7 @@ def _unencrypted(sock: socket.socket, config: Config) -> Channel:
             f"send with --tls {config.tls} and the client's key"
         )
         tell(channel, e.EXIT_TLS, f"refused: {why}")
+        drain(channel, seconds)
         channel.close()
         raise e.SessionError(why)
     channel.identity = client.identity
