@@ -438,6 +438,16 @@ def test_a_session_answer_to_a_list_request_fails_the_lister_cleanly() -> None:
     assert b"expected a snapshot of the list or a status: is it sendstream serve?" in listed.stderr, listed.stderr
 
 
+def test_a_sender_out_of_retries_says_what_continues_the_transfer() -> None:
+    """Against serve, sending again with --resumable continues (serve prints no token); against receive, the token."""
+    argv = [*CMD, "send", "--to", f"127.0.0.1:{free_port()}", str(SAMPLE), "--tls", "none", "--resumable"]
+    sent = subprocess.run([*argv, "--retries", "1", "--retry-delay", "0.01"], capture_output=True, timeout=60)
+    text = sent.stderr.decode()
+    assert sent.returncode == 4 and "no connection, and 1 more attempt failed" in text, text
+    assert "to a sendstream serve, send the stream again with --resumable (the service keeps what it got)" in text
+    assert "to a sendstream receive, with `send --resume TOKEN`, the token it prints when it stops" in text
+
+
 @pytest.mark.parametrize("no_status", [False, True], ids=["sendstream", "no-status"])
 @pytest.mark.parametrize("mode", ["none", "tls13-aes128-gcm"])
 def test_no_status_is_no_success(mode: str, no_status: bool, key: Path) -> None:

@@ -29,6 +29,7 @@ from support.trees import differences
 from sendstream import Command, encode_command, encode_stream_header
 from sendstream.net.journal import PART_SUFFIX, load_state
 from sendstream.net.listener import MAX_PER_SOURCE
+from sendstream.net.session.protocol import SenderConnection
 from sendstream.net.tls import Channel, connect_channel, load_key
 from sendstream.ops.identity import stream_identity
 from sendstream.ops.stored import stream_name
@@ -601,7 +602,7 @@ def test_a_killed_service_started_again_takes_its_senders_back(tmp_path: Path) -
     config = write_config(tmp_path, port, clients=("alpha",))
     big = _big(tmp_path)
     with service(config, port) as proc:
-        sender = _sender(port, tmp_path, big, "--rate-limit", "2M", "--retries", "20", "--retry-delay", "0.5")
+        sender = _sender(port, tmp_path, big, "--rate-limit", "2M", "--retries", "20", "--retry-delay", "0.5", "-v")
         _until_journaled(tmp_path / "places" / "alpha")
         proc.kill()  # SIGKILL: no time to say anything
         proc.wait()
@@ -610,8 +611,14 @@ def test_a_killed_service_started_again_takes_its_senders_back(tmp_path: Path) -
     assert sender.returncode == 0, err
     assert b"resumed after 1 drop" in err, err
     assert stored(tmp_path, "alpha")[name_of(big)] == big.read_bytes()
-    transfer = next(e for e in events(proc) if e["event"] == "transfer")
-    assert 2 << 20 < int(transfer["resumed"]) < big.stat().st_size  # type: ignore[call-overload]
+    log = events(proc)
+    transfer = next(e for e in log if e["event"] == "transfer")
+    resumed = int(transfer["resumed"])  # type: ignore[call-overload]
+    assert 2 << 20 < resumed < big.stat().st_size
+    # the stream's offset where it resumed, and what was sent twice: no "of" a count that is not the stream's size
+    again = re.search(rb"the receiver verified ([0-9,]+) bytes; resuming at offset (\d+) \(([0-9,]+) bytes sent", err)
+    assert again is not None and int(again.group(2)) == resumed, err
+    assert next(e for e in log if e["event"] == "stored")["bytes"] == big.stat().st_size
 
 
 @pytest.mark.btrfs
@@ -662,8 +669,13 @@ def test_a_killed_service_resumes_into_btrfs_receive(tmp_path: Path) -> None:
             assert differences(mnt / "direct" / sub, mnt / "alpha" / sub) == []
             assert _received_uuid(mnt / "alpha" / sub) == _received_uuid(mnt / "direct" / sub) != "-"
         assert sorted(os.listdir(mnt / "alpha")) == ["one", "two"]  # no journal left
-        transfer = next(e for e in events(proc) if e["event"] == "transfer")
+        log = events(proc)
+        transfer = next(e for e in log if e["event"] == "transfer")
         assert 2 << 20 < int(transfer["resumed"]) < streams[0].stat().st_size  # type: ignore[call-overload]
+        # the stream's size, as the stored streams' count and the sender's say it: not this run's part of it
+        received = [e for e in log if e["event"] == "received"]
+        assert [e["bytes"] for e in received] == [s.stat().st_size for s in streams], received
+        assert received[0]["resumed"] == transfer["resumed"], received
 
 
 # what a new admin and an attacker found (issue 24)
@@ -895,3 +907,28 @@ def test_unencrypted_to_a_service_that_trusts_no_address_is_told_to_use_tls(tmp_
         assert result.returncode == 6 and b"unencrypted from 127.0.0.1:" in result.stderr, result.stderr
         assert why in result.stderr and b"Traceback" not in result.stderr, result.stderr
     assert not stored(tmp_path, "alpha")
+
+
+def test_a_resumed_transfer_counts_its_bytes_the_same_at_both_ends(tmp_path: Path) -> None:
+    """The service kept the first commands of a cut session; the sender sends the rest, and both ends say
+    where it resumed and how long the stream is (the service's `bytes` is the stream's size)."""
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    data = FULL.read_bytes()
+    with service(config, port) as proc:
+        log = LiveLog(proc)
+        with tls_channel(port, tmp_path / "keys" / "alpha.key", "alpha") as cut:
+            cut.send_all(SenderConnection.hello(stream_identity(data[:65536])))
+            for frame in SenderConnection.data(data[:20000]):
+                cut.send_all(frame)
+            log.wait(lambda e: e["event"] == "transfer")
+            cut.interrupt()  # a drop, not an end
+        log.wait(lambda e: e["event"] == "failed")
+        again = send(port, tmp_path, "alpha", FULL, "--resumable")
+        done = log.wait(lambda e: e["event"] == "stored")[0]
+    resumed = log.wait(lambda e: e["event"] == "transfer", count=2)[1]["resumed"]
+    assert again.returncode == 0 and 0 < resumed < 20000, (again.stderr, resumed)
+    assert f"({len(data) - resumed:,} bytes)".encode() in again.stderr, again.stderr
+    assert f"resumed at offset {resumed} of {len(data):,} bytes".encode() in again.stderr, again.stderr
+    assert done["bytes"] == len(data) and done["resumed"] == resumed, done
+    assert stored(tmp_path, "alpha")[name_of(FULL)] == data

@@ -302,6 +302,7 @@ class Service:
                 **fields,
                 **done,
                 bytes=size,
+                **resumed,
                 seconds=round(time.monotonic() - began, 3),
             )
         except Exception as exc:
@@ -574,7 +575,7 @@ def receive_into(
         raise
     if journal is not None:
         journal.discard()
-    return ", ".join(made), summary.bytes, tuple(made)
+    return ", ".join(made), summary.bytes + summary.skipped, tuple(made)
 
 
 def _delete_subvolume(path: str) -> None:

@@ -282,8 +282,10 @@ class SessionSender:
                     what = "no connection" if first else "the connection dropped"
                     raise SessionError(
                         f"{what}, and {self.retries} more attempt{'s' * (self.retries != 1)} failed; the last: "
-                        f"{self._last}. Try again later (or with more --retries); a transfer that stopped on "
-                        "the way continues with `send --resume TOKEN`, the token the receiver prints when it stops"
+                        f"{self._last}. Try again later (or with more --retries). A transfer that stopped on the "
+                        "way continues: to a sendstream serve, send the stream again with --resumable (the "
+                        "service keeps what it got); to a sendstream receive, with `send --resume TOKEN`, the "
+                        "token it prints when it stops"
                     )
                 delay = min(self.retry_delay * 2 ** (failures - 1), MAX_BACKOFF)
                 lost = "no connection" if first else "connection lost"
@@ -328,6 +330,8 @@ class SessionSender:
                 raise _unexpected(f"resumes at offset {resume}, before the token's {self._skip_to}")
             if max(verified, resume) > max(self.written, self._skip_to):
                 raise _unexpected(f"already has {max(verified, resume):,} bytes", self.written)
+            if not self._sessions:  # what a receiver had from an earlier run is not sent, nor counted as sent
+                self._skip_to = max(self._skip_to, resume)
             self._advance(verified)
             if resume < self._held.base:
                 raise SessionError(
@@ -338,7 +342,10 @@ class SessionSender:
         if self._sessions:
             self.reconnects += 1
             self.resent += self.written - resume
-            self._log(f"session: receiver verified {verified} bytes, resuming at {resume} of {self.written}")
+            self._log(
+                f"session: the receiver verified {verified:,} bytes; resuming at offset {resume} "
+                f"({self.written - resume:,} bytes sent again)"
+            )
         self._sessions += 1
         self._reader = started(self._read_acks, inbox)
         for piece in self._held.since(resume):
