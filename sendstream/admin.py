@@ -111,7 +111,9 @@ def serve(
     stream: each ends its own connection, with a logged reason and a status
     to the sender, and the service goes on. A stream is stored whole and
     checked, named by its subvolume UUID and ctransid (and its parent's),
-    with a JSON manifest beside it.
+    with a JSON manifest beside it. SIGHUP reads FILE again: running
+    transfers go on, but those of a client removed or whose key changed are
+    cut; a wrong FILE is logged and the running configuration kept.
     """
     import signal
     import threading
@@ -130,7 +132,7 @@ def serve(
         journals(config, remove_journals, list_journals)
     if check_config or remove_journals or list_journals:
         return
-    stop = threading.Event()
+    stop, hangup = threading.Event(), threading.Event()
 
     def stopping(signum: int, frame: object) -> None:
         stop.set()  # a second signal ends the process at once
@@ -139,6 +141,7 @@ def serve(
 
     signal.signal(signal.SIGTERM, stopping)
     signal.signal(signal.SIGINT, stopping)
+    signal.signal(signal.SIGHUP, lambda signum, frame: hangup.set())  # the service reloads between connections
     log = EventLog(sys.stderr, log_format)
     counted = None
     if metrics is not None:
@@ -148,7 +151,7 @@ def serve(
         address = Address.parse(metrics, listen=True)
         log("metrics", address=f"{address.host}:{counted.serve(address)}")
     try:
-        Service(config, log, counted).run(stop)
+        Service(config, log, counted).run(stop, hangup)
     finally:
         if counted is not None:
             counted.close()

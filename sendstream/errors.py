@@ -426,13 +426,14 @@ class TlsCause(enum.Enum):
     ALERT = "the peer sent an alert"
     AUTHENTICATION = "a record failed authentication"
     TRUNCATED = "the connection ended without close_notify"
+    BUSY = "the peer is busy"
     SETUP = "the TLS library cannot be set up"
     OTHER = "other"
 
     @property
     def retryable(self) -> bool:
         """Whether a new connection may cure it: not a wrong key, mode or forged data."""
-        return self in (TlsCause.NOT_TLS, TlsCause.TRUNCATED, TlsCause.OTHER)
+        return self in (TlsCause.NOT_TLS, TlsCause.TRUNCATED, TlsCause.BUSY, TlsCause.OTHER)
 
 
 class TlsError(SendStreamError):
@@ -452,6 +453,13 @@ class TlsError(SendStreamError):
 
 class HandshakeError(TlsError):
     """The handshake failed: wrong key or identity, another mode, or a peer that does not speak TLS."""
+
+
+class PeerBusy(HandshakeError):
+    """The peer refused the handshake for load: nothing is wrong with the key, a connection later may get in."""
+
+    exit_code = EXIT_IO
+    default_cause = TlsCause.BUSY
 
 
 class TruncationError(TlsError):

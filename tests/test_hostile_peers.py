@@ -18,6 +18,7 @@ import socket
 import subprocess
 import threading
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,8 +27,8 @@ from support.net import CMD, free_port, key_file, tls_args, wait_listening
 from support.proxy import Proxy
 from support.streams import FIXTURES, SAMPLE
 
-from sendstream.errors import TlsError
-from sendstream.net import tls
+from sendstream.errors import SessionError, TlsError
+from sendstream.net import listener, tls
 from sendstream.ops.identity import stream_identity
 
 DATA = SAMPLE.read_bytes()
@@ -281,6 +282,66 @@ def test_knocks_during_a_session_neither_stall_nor_supersede_it(mode: str, key: 
         assert line is not None and re.search(why, line), (local, why, text)
 
 
+# --- the listener's own bounds and log ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("address", "source"),
+    [
+        (("10.1.2.3", 5000), "10.1.2.3"),
+        (("::ffff:10.1.2.3", 5000, 0, 0), "10.1.2.3"),  # IPv4-mapped: the IPv4 host
+        (("2001:db8:1:2:aaaa::1", 5000, 0, 0), "2001:db8:1:2::/64"),  # one host commonly holds its /64 whole
+        (("2001:db8:1:2:ffff::9", 6000, 0, 0), "2001:db8:1:2::/64"),
+        (("fe80::1%lo", 5000, 0, 1), "fe80::/64"),
+    ],
+)
+def test_a_connections_source_is_its_address_or_its_ipv6_64(address: tuple[object, ...], source: str) -> None:
+    assert listener.source(address) == source
+
+
+def test_refusals_not_shown_are_counted_when_their_window_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The count of the refusals beyond the burst is logged once its window ends (the clock the test's),
+    not at the next refusal, which may come hours later: here all fail at once after the last was accepted."""
+    now = [1000.0]
+    monkeypatch.setattr(listener, "time", types.SimpleNamespace(monotonic=lambda: now[0], sleep=time.sleep))
+    monkeypatch.setattr(listener, "LOG_WINDOW", 1.0)
+    knocks = listener.LOG_BURST + 5
+    lines: list[str] = []
+    counted, opening, fail = threading.Event(), threading.Semaphore(0), threading.Event()
+
+    def log(text: str) -> None:
+        lines.append(text)
+        if "more connections refused" in text:
+            counted.set()
+
+    def refuse(sock: socket.socket, deadline: float) -> None:
+        opening.release()
+        fail.wait(30)
+        raise SessionError("refused by the test")
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        taker = listener.Listener(server, refuse, lambda item: None, timeout=5.0, log=log)
+        taker.serve()
+        peers = []
+        try:
+            for _ in range(knocks):
+                peers.append(socket.create_connection(server.getsockname(), timeout=10))
+            for _ in range(knocks):
+                assert opening.acquire(timeout=30)  # every one accepted: the accept loop has nothing to do
+            fail.set()
+            for peer in peers:
+                assert peer.recv(1) == b""  # closed: its refusal is logged or counted
+            assert len(lines) == listener.LOG_BURST, lines
+            now[0] += 2.0  # the window ends; nobody knocks again
+            assert counted.wait(30), lines
+        finally:
+            fail.set()
+            taker.close()
+            for peer in peers:
+                peer.close()
+    assert lines[-1] == "5 more connections refused within 1 s (not shown)", lines
+
+
 # --- after the hello: the idle timeout ------------------------------------------------------------------------------
 
 
@@ -347,6 +408,11 @@ BAD_REPLIES = {
     "a superscript status": (True, "sendstream-status ² failed\n".encode(), b"malformed status line"),
     "a superscript status, plain": (False, "sendstream-status ² failed\n".encode(), b"malformed status line"),
     "an unparsable status, plain": (False, b"sendstream-status ok\n", b"malformed status line"),
+    "a list for the hello": (
+        True,
+        b'sendstream-list {"name":"x"}\n',
+        b"a snapshot of a list, which a sender of a stream does not ask for",
+    ),
 }
 
 
@@ -361,6 +427,25 @@ def test_a_malformed_answer_or_status_fails_the_sender_cleanly(session: bool, re
         )
     assert sent.returncode == 4 and says in sent.stderr, sent.stderr
     assert b"Traceback" not in sent.stderr
+
+
+def test_a_session_answer_to_a_list_request_fails_the_lister_cleanly() -> None:
+    with fake_receiver(HELLO + b'{"resume": 0, "verified": 0}\n', session=True) as port:
+        listed = subprocess.run(
+            [*CMD, "send", "--to", f"127.0.0.1:{port}", "--tls", "none", "--list"], capture_output=True, timeout=60
+        )
+    assert listed.returncode == 4 and b"Traceback" not in listed.stderr, listed.stderr
+    assert b"expected a snapshot of the list or a status: is it sendstream serve?" in listed.stderr, listed.stderr
+
+
+def test_a_sender_out_of_retries_says_what_continues_the_transfer() -> None:
+    """Against serve, sending again with --resumable continues (serve prints no token); against receive, the token."""
+    argv = [*CMD, "send", "--to", f"127.0.0.1:{free_port()}", str(SAMPLE), "--tls", "none", "--resumable"]
+    sent = subprocess.run([*argv, "--retries", "1", "--retry-delay", "0.01"], capture_output=True, timeout=60)
+    text = sent.stderr.decode()
+    assert sent.returncode == 4 and "no connection, and 1 more attempt failed" in text, text
+    assert "to a sendstream serve, send the stream again with --resumable (the service keeps what it got)" in text
+    assert "to a sendstream receive, with `send --resume TOKEN`, the token it prints when it stops" in text
 
 
 @pytest.mark.parametrize("no_status", [False, True], ids=["sendstream", "no-status"])

@@ -20,7 +20,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +34,14 @@ from support.trees import differences
 
 from sendstream import Command, encode_command, encode_stream_header
 from sendstream.net.journal import PART_SUFFIX, load_state
-from sendstream.net.tls import connect_channel, load_key
+from sendstream.net.listener import MAX_PER_SOURCE
+from sendstream.net.session.protocol import SenderConnection
+from sendstream.net.tls import Channel, connect_channel, load_key
 from sendstream.ops.identity import first_command, stream_identity
 from sendstream.ops.stored import stream_name
 from sendstream.service import server
-from sendstream.service.server import EventLog
+from sendstream.service.config import load
+from sendstream.service.server import EventLog, Service
 
 FULL = FIXTURES / "rich-full-v2.stream"
 INCR = FIXTURES / "rich-incr-v2.stream"
@@ -145,7 +148,8 @@ def test_many_clients_at_once_while_others_attack(tmp_path: Path) -> None:
     assert proc.returncode == 0
     assert sum(e["event"] == "stored" for e in log) == len(jobs)
     reasons = " ".join(str(e.get("reason")) for e in log if e["event"] == "refused")
-    assert "wrong key or identity" in reasons and "does the peer speak TLS" in reasons, reasons
+    assert "wrong key or identity" in reasons, reasons
+    assert "which no client's trusted addresses hold: send with --tls tls13-aes128-gcm" in reasons, reasons  # garbage
     assert log[-1]["event"] == "stopped"
 
 
@@ -257,11 +261,16 @@ def test_stored_streams_are_private_whatever_the_umask(tmp_path: Path) -> None:
     assert modes == dict.fromkeys(names, "0o600")
 
 
-def raw_tls_send(port: int, key: Path, identity: str, data: bytes) -> bytes:
-    """``data`` as a raw stream through a TLS channel of the library (no checks first); the status line."""
+def tls_channel(port: int, key: Path, identity: str) -> Channel:
+    """A TLS channel of the library to the service, with ``key`` and ``identity``."""
     sock = socket.create_connection(("127.0.0.1", port))
     sock.settimeout(20)
-    with connect_channel(sock, "tls13-aes128-gcm", load_key(key), identity) as channel:
+    return connect_channel(sock, "tls13-aes128-gcm", load_key(key), identity)
+
+
+def raw_tls_send(port: int, key: Path, identity: str, data: bytes) -> bytes:
+    """``data`` as a raw stream through a TLS channel of the library (no checks first); the status line."""
+    with tls_channel(port, key, identity) as channel:
         with contextlib.suppress(OSError):
             channel.send_all(data)
             channel.shutdown_write()
@@ -893,9 +902,7 @@ def test_a_second_ctrl_c_ends_a_draining_service_at_once(tmp_path: Path) -> None
 
 
 def _sender(port: int, tmp_path: Path, stream: Path, *extra: str) -> subprocess.Popen[bytes]:
-    key = tmp_path / "keys" / "alpha.key"
-    argv = [*CMD, "send", "--to", f"127.0.0.1:{port}", str(stream), "--key", str(key), "--identity", "alpha"]
-    return subprocess.Popen([*argv, "--progress", "none", "--resumable", *extra], stderr=subprocess.PIPE)
+    return _sender_of(port, tmp_path, "alpha", stream, "--resumable", *extra)
 
 
 def _big(tmp_path: Path) -> Path:
@@ -963,7 +970,7 @@ def test_a_killed_service_started_again_takes_its_senders_back(tmp_path: Path) -
     config = write_config(tmp_path, port, clients=("alpha",))
     big = _big(tmp_path)
     with service(config, port) as proc:
-        sender = _sender(port, tmp_path, big, "--rate-limit", "2M", "--retries", "20", "--retry-delay", "0.5")
+        sender = _sender(port, tmp_path, big, "--rate-limit", "2M", "--retries", "20", "--retry-delay", "0.5", "-v")
         _until_journaled(tmp_path / "places" / "alpha")
         proc.kill()  # SIGKILL: no time to say anything
         proc.wait()
@@ -972,8 +979,14 @@ def test_a_killed_service_started_again_takes_its_senders_back(tmp_path: Path) -
     assert sender.returncode == 0, err
     assert b"resumed after 1 drop" in err, err
     assert stored(tmp_path, "alpha")[name_of(big)] == big.read_bytes()
-    transfer = next(e for e in events(proc) if e["event"] == "transfer")
-    assert 2 << 20 < int(transfer["resumed"]) < big.stat().st_size  # type: ignore[call-overload]
+    log = events(proc)
+    transfer = next(e for e in log if e["event"] == "transfer")
+    resumed = int(transfer["resumed"])  # type: ignore[call-overload]
+    assert 2 << 20 < resumed < big.stat().st_size
+    # the stream's offset where it resumed, and what was sent twice: no "of" a count that is not the stream's size
+    again = re.search(rb"receiver verified ([0-9,]+) bytes; resuming at offset (\d+) \(([0-9,]+) resent\)", err)
+    assert again is not None and int(again.group(2)) == resumed, err
+    assert next(e for e in log if e["event"] == "stored")["bytes"] == big.stat().st_size
 
 
 @pytest.mark.btrfs
@@ -1018,8 +1031,13 @@ def test_a_killed_service_resumes_into_btrfs_receive(tmp_path: Path) -> None:
             assert differences(mnt / "direct" / sub, mnt / "alpha" / sub) == []
             assert _received_uuid(mnt / "alpha" / sub) == _received_uuid(mnt / "direct" / sub) != "-"
         assert sorted(os.listdir(mnt / "alpha")) == ["one", "two"]  # no journal left
-        transfer = next(e for e in events(proc) if e["event"] == "transfer")
+        log = events(proc)
+        transfer = next(e for e in log if e["event"] == "transfer")
         assert 2 << 20 < int(transfer["resumed"]) < streams[0].stat().st_size  # type: ignore[call-overload]
+        # the stream's size, as the stored streams' count and the sender's say it: not this run's part of it
+        received = [e for e in log if e["event"] == "received"]
+        assert [e["bytes"] for e in received] == [s.stat().st_size for s in streams], received
+        assert received[0]["resumed"] == transfer["resumed"], received
 
 
 # journals of abandoned transfers: expired, listed, removed, bounded by a quota (issue 24, finding 23)
@@ -1168,3 +1186,259 @@ def test_a_quota_cuts_a_stream_into_btrfs_receive(tmp_path: Path) -> None:
         assert cut.returncode == 8, cut.stderr
         assert b"alpha: the stream would pass its place's quota" in cut.stderr, cut.stderr
         assert os.listdir(mnt / "alpha") == []
+
+
+# what a new admin and an attacker found (issue 24)
+
+
+class LiveLog:
+    """The JSON lines a running service logs, read as they come: a test waits for an event, not a time."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.events: list[dict[str, Any]] = []
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self._reader.start()
+
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            with self._cond:
+                self.events.append(json.loads(line) if line.startswith(b"{") else {"event": "text", "line": line})
+                self._cond.notify_all()
+
+    def wait(self, match: Callable[[dict[str, Any]], bool], count: int = 1) -> list[dict[str, Any]]:
+        """The first ``count`` events that ``match``, once they are logged (a failure after 60 s)."""
+        with self._cond:
+            found = self._cond.wait_for(lambda: len([e for e in self.events if match(e)]) >= count, timeout=60)
+            assert found, self.events
+            return [e for e in self.events if match(e)][:count]
+
+    def end(self) -> list[dict[str, Any]]:
+        """Every event, once the service ended."""
+        self._reader.join(60)
+        return self.events
+
+
+def test_silent_connections_from_one_address_leave_room_for_others(tmp_path: Path) -> None:
+    """Connections being opened are bounded per source address: one more from a full one is told the service
+    is busy (in TLS, or in plain words), and hundreds of silent ones from one address let another in."""
+    port = free_port()
+    config = write_config(tmp_path, port, "handshake_timeout = 120", clients=("alpha",))
+    with service(config, port):
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(MAX_PER_SOURCE)]
+        busy = send(port, tmp_path, "alpha", FULL)
+        with socket.create_connection(("127.0.0.1", port), timeout=20) as plain:
+            plain.sendall(b"sendstream-list\n")
+            told = plain.recv(4096)
+        for sock in held:
+            sock.close()
+    assert busy.returncode == 4 and b"sendstream: error: the receiver is busy: " in busy.stderr, busy.stderr
+    assert b"key" not in busy.stderr and b"TLS handshake failed" not in busy.stderr, busy.stderr
+    assert told == b"sendstream-status 4 busy: %d connections from 127.0.0.1 are already opening; try again later\n" % (
+        MAX_PER_SOURCE
+    )
+
+    with service(config, port) as proc:
+        flood = []
+        for _ in range(300):
+            sock = socket.socket()
+            sock.bind(("127.0.0.2", 0))
+            sock.connect(("127.0.0.1", port))
+            flood.append(sock)
+        sent = send(port, tmp_path, "alpha", FULL)
+        for sock in flood:
+            sock.close()
+    assert sent.returncode == 0, sent.stderr
+    assert stored(tmp_path, "alpha")[name_of(FULL)] == FULL.read_bytes()
+    reasons = [str(e.get("reason")) for e in events(proc) if e["event"] == "refused"]
+    assert f"busy: {MAX_PER_SOURCE} connections from 127.0.0.2 are already opening" in " ".join(reasons), reasons
+
+
+def test_limits_hold_for_transfers_and_lists_that_connect_at_once(tmp_path: Path) -> None:
+    """max_per_client and max_transfers are checked and the transfer registered in one step, lists counted
+    too: every admitted transfer or list is held where it begins until all have connected, and no more than
+    the limits got in."""
+    port = free_port()
+    config = write_config(tmp_path, port, "max_per_client = 1\nmax_transfers = 2", clients=("alpha", "beta", "gamma"))
+    gate, lock, entered = threading.Event(), threading.Lock(), []
+
+    def at_gate(slot: Any) -> None:
+        with lock:
+            entered.append(slot)
+        gate.wait(60)
+
+    class Held(Service):
+        def _transfer(self, *args: Any) -> None:
+            at_gate(args)
+            super()._transfer(*args)
+
+        def _list(self, *args: Any) -> None:
+            at_gate(args)
+            super()._list(*args)
+
+    lines = io.StringIO()
+    stop = threading.Event()
+    held = Held(load(str(config)), EventLog(lines, "json"))
+    running = threading.Thread(target=held.run, args=(stop,))
+    running.start()
+    try:
+        wait_listening(port)
+        jobs: list[tuple[str, tuple[str, ...]]] = [(c, ()) for c in ("alpha", "beta", "gamma") for _ in range(2)]
+        jobs += [("alpha", ("--list",)), ("beta", ("--list",))]
+        procs = [_sender_of(port, tmp_path, client, FULL, *extra) for client, extra in jobs]
+        deadline = time.monotonic() + 60
+        while len(entered) + sum(p.poll() is not None for p in procs) < len(procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        admitted = len(entered)
+        gate.set()
+        results = [(p.wait(60), p.communicate()[1]) for p in procs]
+    finally:
+        gate.set()
+        stop.set()
+        running.join(60)
+    assert admitted == 2, (admitted, results)
+    assert sorted(code for code, _ in results) == [0, 0] + [4] * (len(jobs) - 2), results
+    assert all(b"busy: " in err for code, err in results if code), results
+    log = [json.loads(line) for line in lines.getvalue().splitlines()]
+    began = [e["client"] for e in log if e["event"] in ("transfer", "listed")]
+    assert len(began) == 2 and len(set(began)) == 2, log  # one each at most
+    refused = [str(e["reason"]) for e in log if e["event"] == "refused"]
+    assert len(refused) == len(jobs) - 2 and all(" running" in r for r in refused), refused
+
+
+def _sender_of(port: int, tmp_path: Path, client: str, stream: Path, *extra: str) -> subprocess.Popen[bytes]:
+    key = tmp_path / "keys" / f"{client}.key"
+    argv = [*CMD, "send", "--to", f"127.0.0.1:{port}", str(stream), "--key", str(key), "--identity", client]
+    return subprocess.Popen([*argv, "--progress", "none", *extra], stderr=subprocess.PIPE)
+
+
+def _half_sent(port: int, tmp_path: Path, client: str) -> Channel:
+    """A raw stream's first half, sent through a TLS channel of ``client``'s key, the rest held."""
+    channel = tls_channel(port, tmp_path / "keys" / f"{client}.key", client)
+    data = FULL.read_bytes()
+    channel.send_all(data[: len(data) // 2])
+    return channel
+
+
+def _rest_sent(channel: Channel) -> bytes:
+    """The rest of :func:`_half_sent`'s stream, then the receiver's status (b"" when it cut the connection)."""
+    data = FULL.read_bytes()
+    buf = bytearray(4096)
+    with channel, contextlib.suppress(Exception):
+        channel.send_all(data[len(data) // 2 :])
+        channel.shutdown_write()
+        return bytes(buf[: channel.recv_into(buf)])
+    return b""
+
+
+def test_sighup_reloads_the_configuration_and_cuts_only_what_it_revoked(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha", "beta", "gamma", "delta"))
+    first = config.read_text()
+    config.write_text(first.split("[clients.delta]")[0])  # delta comes with the reload
+    with service(config, port) as proc:
+        log = LiveLog(proc)
+        running = {client: _half_sent(port, tmp_path, client) for client in ("alpha", "beta", "gamma")}
+        log.wait(lambda e: e["event"] == "transfer", count=3)
+        key_file(tmp_path / "keys" / "gamma.new.key")
+        body = first.replace('[clients.beta]\nkey = "keys/beta.key"\nstore = "places/beta"\n', "")
+        config.write_text(body.replace('"keys/gamma.key"', '"keys/gamma.new.key"'))
+        proc.send_signal(signal.SIGHUP)
+        reloaded = log.wait(lambda e: e["event"] == "reloaded")[0]
+        cut = log.wait(lambda e: e["event"] == "failed", count=2)
+        statuses = {client: _rest_sent(channel) for client, channel in running.items()}
+        added = send(port, tmp_path, "delta", FULL)
+        rekeyed = send(port, tmp_path, "gamma", FULL, "--key", str(tmp_path / "keys" / "gamma.new.key"))
+        revoked = send(port, tmp_path, "gamma", INCR)
+
+        config.write_text("[clients.alpha\n")  # a wrong file: refused, the running configuration kept
+        proc.send_signal(signal.SIGHUP)
+        wrong = log.wait(lambda e: e["event"] == "reload-refused")[0]
+        config.write_text(body.replace(f"127.0.0.1:{port}", f"127.0.0.1:{free_port()}"))
+        proc.send_signal(signal.SIGHUP)
+        moved = log.wait(lambda e: e["event"] == "reload-refused", count=2)[1]
+        kept = send(port, tmp_path, "delta", INCR)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        every = log.end()
+    assert proc.returncode == 0 and every[-1]["event"] == "stopped", every
+    assert {k: reloaded.get(k) for k in ("added", "removed", "rekeyed")} == {
+        "added": "delta",
+        "removed": "beta",
+        "rekeyed": "gamma",
+    }, reloaded
+    assert sorted(str(reloaded["cut"]).replace("@", " ").split(",")) == sorted(
+        f"{e['client']} {e['peer']}" for e in cut
+    )
+    assert {e["client"]: e["reason"] for e in cut} == {
+        "beta": "cut: the configuration no longer has client beta",
+        "gamma": "cut: the key of client gamma changed",
+    }
+    assert statuses == {"alpha": b"sendstream-status 0 ok\n", "beta": b"", "gamma": b""}, statuses  # alpha went on
+    assert stored(tmp_path, "alpha")[name_of(FULL)] == FULL.read_bytes() and not stored(tmp_path, "beta")
+    assert added.returncode == 0 and rekeyed.returncode == 0 and kept.returncode == 0, (added, rekeyed, kept)
+    assert revoked.returncode == 6 and b"wrong key or identity" in revoked.stderr, revoked.stderr
+    assert "not TOML" in str(wrong["reason"]) and wrong["kept"] == "the running configuration", wrong
+    assert "a running service cannot move; restart it to listen elsewhere" in str(moved["reason"]), moved
+
+
+def test_metrics_on_a_port_in_use_names_the_address(tmp_path: Path) -> None:
+    pytest.importorskip("prometheus_client", reason="serve --metrics needs prometheus_client (the test extra has it)")
+    config = write_config(tmp_path, free_port(), clients=("alpha",))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        scrape = taken.getsockname()[1]
+        argv = [*CMD, "serve", "--config", str(config), "--metrics", f"127.0.0.1:{scrape}"]
+        result = subprocess.run(argv, capture_output=True, timeout=60)
+    assert result.returncode == 4
+    assert result.stderr.decode() == (
+        f"sendstream: error: listening for metrics on 127.0.0.1:{scrape}: address already in use "
+        "(another process listens there: stop it or choose another port)\n"
+    )
+
+
+def test_unencrypted_to_a_service_that_trusts_no_address_is_told_to_use_tls(tmp_path: Path) -> None:
+    """No client has a trusted list: a --tls none sender hears why and what to do (no reset, no raw bytes),
+    still sending (a plain stream 2 MB long), in a session, or asking for its list."""
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    big = tmp_path / "big.stream"
+    big.write_bytes(FULL.read_bytes() * 8)
+    with service(config, port):
+        results = [
+            send(port, tmp_path, "alpha", big, "--tls", "none"),
+            send(port, tmp_path, "alpha", FULL, "--tls", "none", "--resumable", "--retries", "0"),
+            send(port, tmp_path, "alpha", FULL, "--tls", "none", "--list"),
+        ]
+    why = b"which no client's trusted addresses hold: send with --tls tls13-aes128-gcm and the client's key"
+    for result in results:
+        assert result.returncode == 6 and b"unencrypted from 127.0.0.1:" in result.stderr, result.stderr
+        assert why in result.stderr and b"Traceback" not in result.stderr, result.stderr
+    assert not stored(tmp_path, "alpha")
+
+
+def test_a_resumed_transfer_counts_its_bytes_the_same_at_both_ends(tmp_path: Path) -> None:
+    """The service kept the first commands of a cut session; the sender sends the rest, and both ends say
+    where it resumed and how long the stream is (the service's `bytes` is the stream's size)."""
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    data = FULL.read_bytes()
+    with service(config, port) as proc:
+        log = LiveLog(proc)
+        with tls_channel(port, tmp_path / "keys" / "alpha.key", "alpha") as cut:
+            cut.send_all(SenderConnection.hello(stream_identity(data[:65536])))
+            for frame in SenderConnection.data(data[:20000]):
+                cut.send_all(frame)
+            log.wait(lambda e: e["event"] == "transfer")
+            cut.interrupt()  # a drop, not an end
+        log.wait(lambda e: e["event"] == "failed")
+        again = send(port, tmp_path, "alpha", FULL, "--resumable")
+        done = log.wait(lambda e: e["event"] == "stored")[0]
+    resumed = log.wait(lambda e: e["event"] == "transfer", count=2)[1]["resumed"]
+    assert again.returncode == 0 and 0 < resumed < 20000, (again.stderr, resumed)
+    assert f"({len(data) - resumed:,} bytes)".encode() in again.stderr, again.stderr
+    assert f"resumed at offset {resumed} of {len(data):,} bytes".encode() in again.stderr, again.stderr
+    assert done["bytes"] == len(data) and done["resumed"] == resumed, done
+    assert stored(tmp_path, "alpha")[name_of(FULL)] == data

@@ -30,10 +30,13 @@ from sendstream.net.session.protocol import (
     End,
     Event,
     Hello,
+    Listed,
     RawStream,
     ReceiverConnection,
     SenderConnection,
     Status,
+    listed_line,
+    status_line,
 )
 from sendstream.ops.identity import stream_identity
 
@@ -325,3 +328,43 @@ def test_payload_a_driver_received_in_place_counts_as_its_data() -> None:
     machine.payload_received(4)
     assert machine.payload_left == 6
     assert feed(machine, [b"x" * 6 + SenderConnection.end(10)]) == [Data(memoryview(b"x" * 6)), End(10)]
+
+
+# --- each machine takes only what its end asked for ------------------------------------------------------------------
+
+SNAPSHOT = {"name": "home.20261201", "uuid": IDENTITY["uuid"], "ctransid": 7, "parent_uuid": None}
+
+NOT_ASKED = {
+    # a sender of a stream said its hello: a list is no answer to it, before or after the session's answer
+    "a list line for the hello": (False, listed_line(SNAPSHOT), "a snapshot of a list, which a sender of a stream"),
+    "a list line after the answer": (
+        False,
+        ReceiverConnection().answer(0, 0) + listed_line(SNAPSHOT),
+        "a snapshot of a list, which a sender of a stream does not ask for; expected an ack or a status",
+    ),
+    # a client asked for its list: a session's answer or an ack is no answer to that
+    "an answer for the list": (True, ReceiverConnection().answer(0, 0), "expected a snapshot of the list or a status"),
+    "an ack for the list": (True, listed_line(SNAPSHOT) + b"ack 5\n", "expected a snapshot of the list or a status"),
+}
+
+
+@pytest.mark.parametrize(("listing", "wire", "says"), NOT_ASKED.values(), ids=NOT_ASKED.keys())
+@pytest.mark.parametrize("how", ["whole", "bytes", "random"])
+def test_an_answer_the_machine_did_not_ask_for_is_the_peers_protocol_error(
+    listing: bool, wire: bytes, says: str, how: str
+) -> None:
+    machine = SenderConnection(listing=listing)
+    with pytest.raises(SessionError, match=says):
+        feed(machine, chunked(wire, how))
+    with pytest.raises(SessionError, match=says):  # and it stays failed
+        machine.receive_data(status_line(0, "ok"))
+
+
+@pytest.mark.parametrize("how", ["whole", "bytes", "random"])
+def test_a_listing_takes_snapshots_then_the_status(how: str) -> None:
+    wire = listed_line(SNAPSHOT) + listed_line({**SNAPSHOT, "ctransid": 9}) + status_line(0, "2 snapshots")
+    assert feed(SenderConnection(listing=True), chunked(wire, how)) == [
+        Listed(SNAPSHOT),
+        Listed({**SNAPSHOT, "ctransid": 9}),
+        Status(0, "2 snapshots"),
+    ]

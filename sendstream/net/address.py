@@ -45,8 +45,13 @@ def listen(host: str, port: int) -> socket.socket:
             sock.close()
             last = exc
     assert last is not None  # getaddrinfo gives at least one address or raises
-    hint = "another process listens there: stop it or choose another port" if last.errno == errno.EADDRINUSE else ""
-    raise e.NetworkError(where, last, hint) from None
+    raise cannot_listen(host, port, last) from None
+
+
+def cannot_listen(host: str, port: int, exc: OSError, what: str = "listening") -> e.NetworkError:
+    """The error of a failed bind or listen on ``host:port`` (``what`` the listening is for), with what to do."""
+    hint = "another process listens there: stop it or choose another port" if exc.errno == errno.EADDRINUSE else ""
+    return e.NetworkError(f"{what} on {_show(host, port)}", exc, hint)
 
 
 def connect(host: str, port: int, timeout: float = CONNECT_TIMEOUT) -> socket.socket:

@@ -10,24 +10,34 @@ unknown identity, another TLS version, garbage, silence, a close) is closed
 and logged in one line, and the listener goes on; so one bad client cannot
 stop the service, nor hold it.
 
-At most ``max_pending`` connections are being opened at a time, and at most
-as many opened ones wait to be taken; one more is closed at once. Memory is
-therefore bounded by ``2 * max_pending`` times what one opening holds (for
-sendstream: a TLS session and a 68 KiB buffer), plus one thread each.
-Refusals are logged in full up to :data:`LOG_BURST` per
-:data:`LOG_WINDOW` seconds, then counted, so a flood of connections cannot
-flood the log.
+At most ``max_pending`` connections are being opened at a time, at most
+``max_per_source`` of them from one source (an address; for IPv6 its /64,
+which one host commonly holds; ``serve`` takes :data:`MAX_PER_SOURCE`), and
+at most ``max_pending`` opened ones wait to be taken. One more is refused
+for load: with ``busy`` it is told so in its own language once its first
+bytes come (within :data:`BUSY_SECONDS`; at most :data:`MAX_BUSY` wait for
+that, the oldest going first, unanswered), else it is closed at once. So
+silent connections from one source cannot lock the others out, and a
+client refused for load hears that the service is busy. Memory is bounded
+by ``2 * max_pending`` times what one opening holds (for sendstream: a TLS
+session and a 68 KiB buffer), plus one thread each, plus :data:`MAX_BUSY`
+sockets. Refusals are logged in full up to :data:`LOG_BURST` per
+:data:`LOG_WINDOW` seconds, then counted, and the count is logged when
+its window ends, so a flood of connections cannot flood the log.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import ipaddress
+import math
 import queue
 import select
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -36,6 +46,9 @@ from ..io.threads import started
 T = TypeVar("T")
 
 MAX_PENDING = 64
+MAX_PER_SOURCE = 16  # what a service lets one source open at a time
+MAX_BUSY = 64  # connections refused for load that wait for their first bytes, to be told so
+BUSY_SECONDS = 1.0  # how long one of them may take to say them (a real client speaks at once)
 LOG_BURST = 20
 LOG_WINDOW = 10.0
 HALT_SECONDS = 2.0  # how long halting waits for the interrupted openings to end (and say why)
@@ -51,12 +64,28 @@ def describe_peer(address: Any) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def source(address: Any) -> str:
+    """Where an accepted peer connects from, for the bound of each source: its address, an IPv4-mapped one
+    as IPv4; for IPv6 its /64, which one host commonly holds whole."""
+    host = str(address[0]).split("%", 1)[0] if isinstance(address, tuple) and address else ""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host or "a local peer"
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
 class _Attempt:
     """A connection being opened."""
 
-    def __init__(self, sock: socket.socket, peer: str, deadline: float, generation: int) -> None:
+    def __init__(self, sock: socket.socket, peer: str, source: str, deadline: float, generation: int) -> None:
         self.sock = sock
         self.peer = peer
+        self.source = source
         self.deadline = deadline
         self.generation = generation
         self.why = ""  # set when the listener stops it
@@ -71,6 +100,8 @@ class Listener(Generic[T]):
     ``discard(item)`` closes an opened connection nobody takes. ``arrived``
     (given to :meth:`first` or :meth:`serve`) sees each opened connection
     in its own thread before it is queued, and may refuse it by raising.
+    ``busy(first, why)`` is what a connection refused for load is told, from
+    the first bytes it sent and the reason.
     """
 
     def __init__(
@@ -82,6 +113,8 @@ class Listener(Generic[T]):
         timeout: float,
         log: Callable[[str], object],
         max_pending: int = MAX_PENDING,
+        max_per_source: int | None = None,
+        busy: Callable[[bytes, str], bytes] | None = None,
     ) -> None:
         self._server = server
         self._open = open
@@ -89,8 +122,11 @@ class Listener(Generic[T]):
         self.timeout = timeout
         self._log = log
         self.max_pending = max_pending
+        self.max_per_source = max_per_source or max_pending
+        self._busy = busy
         self._lock = threading.Lock()
         self._pending: set[_Attempt] = set()
+        self._sources: Counter[str] = Counter()  # of the pending attempts
         self._opened: queue.Queue[T] = queue.Queue(max_pending)
         self._generation = 0
         self._arrived: Callable[[T], object] | None = None
@@ -168,42 +204,72 @@ class Listener(Generic[T]):
         poller = select.poll()
         poller.register(self._server.fileno(), select.POLLIN)
         poller.register(self._wake_r.fileno(), select.POLLIN)
+        refused = _Refusals(poller, self._busy)
         self._server.setblocking(False)
-        while True:
-            ready = {fd for fd, _ in poller.poll()}
-            if self._wake_r.fileno() in ready or generation != self._generation:
-                return
-            try:
-                sock, address = self._server.accept()
-            except BlockingIOError:
-                continue
-            except OSError as exc:
-                if exc.errno in (errno.EBADF, errno.EINVAL):
+        try:
+            while True:
+                ready = {fd for fd, _ in poller.poll(self._next_wait(refused))}
+                if self._wake_r.fileno() in ready:
+                    with contextlib.suppress(BlockingIOError):
+                        self._wake_r.recv(4096, socket.MSG_DONTWAIT)
+                if generation != self._generation:  # halted (else woken to count refusals by the clock)
                     return
-                time.sleep(0.05)  # ECONNABORTED (a connection reset in the backlog), EMFILE: go on
-                continue
-            self._start(sock, describe_peer(address), generation)
+                refused.answer(ready)
+                self._log_window()
+                if self._server.fileno() not in ready:
+                    continue
+                try:
+                    sock, address = self._server.accept()
+                except BlockingIOError:
+                    continue
+                except OSError as exc:
+                    if exc.errno in (errno.EBADF, errno.EINVAL):
+                        return
+                    time.sleep(0.05)  # ECONNABORTED (a connection reset in the backlog), EMFILE: go on
+                    continue
+                why = self._start(sock, describe_peer(address), source(address), generation)
+                if why:
+                    refused.add(sock, why)
+        finally:
+            refused.close()
 
-    def _start(self, sock: socket.socket, peer: str, generation: int) -> None:
-        attempt = _Attempt(sock, peer, time.monotonic() + self.timeout, generation)
+    def _next_wait(self, refused: _Refusals) -> int:
+        """Milliseconds until the accept loop has something to do by the clock (-1: nothing)."""
+        waits = [refused.wait()]
+        with self._log_lock:
+            if self._suppressed:
+                waits.append(self._window + LOG_WINDOW - time.monotonic())
+        due = [w for w in waits if w is not None]
+        return max(math.ceil(min(due) * 1000), 0) if due else -1
+
+    def _start(self, sock: socket.socket, peer: str, source: str, generation: int) -> str:
+        """Open ``sock`` in a thread of its own; or, the service busy, refuse it: the reason ("" when not)."""
+        attempt = _Attempt(sock, peer, source, time.monotonic() + self.timeout, generation)
         attempt.thread = threading.Thread(target=self._open_one, args=(attempt,), daemon=True)
         with self._lock:
-            full = len(self._pending) >= self.max_pending
-            if not full:
+            why = (
+                f"{self.max_pending} connections are already opening"
+                if len(self._pending) >= self.max_pending
+                else f"{self.max_per_source} connections from {source} are already opening"
+                if self._sources[source] >= self.max_per_source
+                else ""
+            )
+            if not why:
                 self._pending.add(attempt)
-        if full:
-            sock.close()
-            self._refused(peer, f"{self.max_pending} connections are already opening")
-            return
+                self._sources[source] += 1
+        if why:
+            self._refused(peer, f"busy: {why}")
+            return why
         attempt.thread.start()
+        return ""
 
     def _open_one(self, attempt: _Attempt) -> None:
         try:
             try:
                 item = self._open(attempt.sock, attempt.deadline)
             except Exception as exc:
-                attempt.sock.close()
                 self._refused(attempt.peer, attempt.why or str(exc) or type(exc).__name__)
+                attempt.sock.close()  # after the log: a peer that sees the close finds its refusal counted
                 return
             if attempt.generation == self._generation and self._arrived is not None:
                 try:
@@ -226,6 +292,9 @@ class Listener(Generic[T]):
         finally:
             with self._lock:
                 self._pending.discard(attempt)
+                self._sources[attempt.source] -= 1
+                if not self._sources[attempt.source]:
+                    del self._sources[attempt.source]
 
     # the log
 
@@ -238,10 +307,68 @@ class Listener(Generic[T]):
             if self._shown < LOG_BURST:
                 self._shown += 1
                 self._log(f"connection from {peer} refused: {reason}")
-            else:
-                self._suppressed += 1
+                return
+            self._suppressed += 1
+            first = self._suppressed == 1
+        if first:  # the accept loop logs the count when the window ends: it sets its clock for that now
+            with contextlib.suppress(OSError):
+                self._wake_w.send(b".")
+
+    def _log_window(self) -> None:
+        """Log the count of the refusals not shown once their window ended, without waiting for another."""
+        with self._log_lock:
+            if self._suppressed and time.monotonic() - self._window >= LOG_WINDOW:
+                self._flush_log()
+                self._window = time.monotonic()
 
     def _flush_log(self) -> None:
         if self._suppressed:
             self._log(f"{self._suppressed} more connections refused within {LOG_WINDOW:g} s (not shown)")
         self._shown = self._suppressed = 0
+
+
+class _Refusals:
+    """Connections refused for load, each told so (``busy(first, why)``) once its first bytes come, in the
+    accept loop's ``poller``; one silent for :data:`BUSY_SECONDS` is closed without a word, and beyond
+    :data:`MAX_BUSY` the oldest goes first. Without ``busy`` each is closed at once."""
+
+    def __init__(self, poller: select.poll, busy: Callable[[bytes, str], bytes] | None) -> None:
+        self._poller = poller
+        self._busy = busy
+        self._waiting: dict[int, tuple[socket.socket, str, float]] = {}  # by descriptor, the oldest first
+
+    def add(self, sock: socket.socket, why: str) -> None:
+        if self._busy is None:
+            sock.close()
+            return
+        if len(self._waiting) >= MAX_BUSY:
+            self._drop(next(iter(self._waiting)))
+        sock.setblocking(False)
+        self._waiting[sock.fileno()] = (sock, why, time.monotonic() + BUSY_SECONDS)
+        self._poller.register(sock.fileno(), select.POLLIN)
+
+    def wait(self) -> float | None:
+        """Seconds until the oldest one is due; None when none waits."""
+        oldest = next(iter(self._waiting.values()), None)
+        return None if oldest is None else oldest[2] - time.monotonic()
+
+    def answer(self, ready: set[int]) -> None:
+        """Tell those whose first bytes came (``ready``) why they are refused; close those due."""
+        now = time.monotonic()
+        for fd, (sock, why, due) in list(self._waiting.items()):
+            if fd in ready and self._busy is not None:
+                with contextlib.suppress(OSError):
+                    first = sock.recv(4096)  # all it sent: closing with bytes unread would reset the answer
+                    sock.send(self._busy(first, why))
+                self._drop(fd)
+            elif due <= now:
+                self._drop(fd)
+
+    def close(self) -> None:
+        for fd in list(self._waiting):
+            self._drop(fd)
+
+    def _drop(self, fd: int) -> None:
+        sock = self._waiting.pop(fd)[0]
+        self._poller.unregister(fd)
+        sock.close()

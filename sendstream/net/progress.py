@@ -161,7 +161,7 @@ class Summary:
     status: str = ""
     reconnects: int = 0
     resent: int = 0
-    skipped: int = 0  # resumed after a restart: the bytes before this offset were not sent
+    skipped: int = 0  # resumed after a restart: the bytes before this offset were not sent (or received)
     compression: str = ""  # e.g. ``zstd:3 3.41:1 (312 MiB, 327,155,712 bytes on the wire)``
 
     def line(self, verb: str, *, verbose: bool = False) -> str:
@@ -172,8 +172,8 @@ class Summary:
         text = f"{verb} {size(self.bytes)} ({self.bytes:,} bytes) in {took} [{size(rate)}/s]; {path}"
         if self.compression:
             text += f"; {self.compression}"
-        if self.skipped:
-            text += f"; resumed at offset {self.skipped}"
+        if self.skipped:  # the count of this run, and the stream's: the same words at both ends
+            text += f"; resumed at offset {self.skipped} of {self.skipped + self.bytes:,} bytes"
         if self.restarts:
             text += f"; {self.restarts} restart{'s' * (self.restarts != 1)} healed"
         if self.reconnects:

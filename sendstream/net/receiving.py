@@ -54,12 +54,15 @@ def accept_sender(
     starts at the checkpoint's offset.
     """
     from .listener import Listener
+    from .session.connection import busy_answer
     from .session.receiver import Opening, SessionReceiver, admit, open_connection
 
     def open_one(sock: socket.socket, deadline: float) -> Opening:
         return open_connection(sock, handshake, deadline, timeout=timeout, idle_timeout=idle_timeout)
 
-    listener = Listener(server, open_one, Opening.close, timeout=timeout, log=warn, max_pending=max_pending)
+    listener = Listener(
+        server, open_one, Opening.close, timeout=timeout, log=warn, max_pending=max_pending, busy=busy_answer
+    )
     expected = resume.stream if resume else None
     try:
         while True:
@@ -99,7 +102,8 @@ def receive_resumable(
     journal's kept prefix is checked again first (and given to ``replay``,
     when its reader has to see it again), and the session's bytes follow it.
     A ``ledger`` (the journal's own, when there is one) digests every
-    command written.
+    command written. The summary counts the bytes this run received; a
+    resumed one's :attr:`~Summary.skipped` says where it began.
     """
     from ..ops.ledger import Ledger
 
@@ -109,11 +113,13 @@ def receive_resumable(
 
     source: Any = session
     out: Callable[[Any], object] = counted
+    resumed = 0  # where this run began: the kept part before it is read again, not received
     if journal is not None:
         journaled = ledger = ledger or Ledger(journal.checkpoint)
         session.checkpoint = lambda offset: journal.commit(offset, session.identity, journaled)
         if journal.checkpoint is not None:
-            source, out = Chain(journal.prefix(), session), after(journal.offset, counted, replay)
+            resumed = journal.offset
+            source, out = Chain(journal.prefix(), session), after(resumed, counted, replay)
     healer = Healer(out, ledger=ledger)
     session.progress = progress.add
     for event in file_events(source, Framer(), healer.batch):
@@ -129,6 +135,7 @@ def receive_resumable(
         healer.restart_count,
         "",
         session.reconnects,
+        skipped=resumed,
         compression=compression,
     )
 

@@ -243,20 +243,18 @@ def list_held(connect: Callable[[], Channel]) -> list[dict[str, Any]]:
     snapshots: list[dict[str, Any]] = []
     with connect() as channel:
         channel.send_all(SenderConnection.list_request())
-        inbox = Inbox(channel, SenderConnection(), BUFFER_SIZE)
+        inbox = Inbox(channel, SenderConnection(listing=True), BUFFER_SIZE)
         while True:
             try:
                 event = inbox.next_event()
             except EOFError:
                 raise e.RemoteError("the receiver closed without a list: is it sendstream serve?", e.EXIT_IO) from None
-            if isinstance(event, Listed):
-                snapshots.append(event.snapshot)
-            elif isinstance(event, Status):
+            if isinstance(event, Status):
                 if event.code:
                     raise e.RemoteError(f"the receiver refused: {event.message.removeprefix('refused: ')}", event.code)
                 return snapshots
-            else:
-                raise e.SessionError(f"expected a snapshot or the status, got {type(event).__name__}")
+            assert isinstance(event, Listed)  # the machine's: a listing gets nothing else
+            snapshots.append(event.snapshot)
 
 
 def connector(dialing: Dialing, log: Callable[[str], object] | None = None) -> Callable[[], Channel]:

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from ..errors import UsageError, escaped
-from ..net.address import Address
+from ..net.address import Address, cannot_listen
 
 _SUFFIX = re.compile(r"[._-]?\d{4,}(?:[T_-]?\d+)*(?:_\d+)?$")
 
@@ -60,7 +60,10 @@ class Metrics:
 
     def serve(self, address: Address) -> int:
         """Answer scrapes on ``address`` in a thread; the port (for a port 0)."""
-        self._server, _ = self._prom.start_http_server(address.port, addr=address.host, registry=self.registry)
+        try:
+            self._server, _ = self._prom.start_http_server(address.port, addr=address.host, registry=self.registry)
+        except OSError as exc:
+            raise cannot_listen(address.host, address.port, exc, "listening for metrics") from None
         return int(self._server.server_address[1])
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ sender and logged; the service goes on.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -35,19 +36,20 @@ from ..io.outputs import OutputDirectory, OutputFile
 from ..io.threads import started
 from ..net.address import listen
 from ..net.journal import PART_SUFFIX, Journal
-from ..net.listener import Listener, describe_peer
+from ..net.listener import MAX_PENDING, MAX_PER_SOURCE, Listener, describe_peer
 from ..net.progress import NONE, Progress
 from ..net.receiving import receive_resumable
-from ..net.session.connection import failure_status, tell
+from ..net.session.connection import busy_answer, drain, failure_status, tell
 from ..net.session.protocol import PREFIX_SIZE, listed_line, status_line
 from ..net.session.receiver import Opening, SessionReceiver, open_connection
 from ..net.sinks import ChildSink
 from ..net.tls import Channel, PlainChannel, accept_channel
+from ..net.tls.kernel import opens_handshake
 from ..net.tls.keys import fingerprint
 from ..ops.identity import snapshot_name, stream_identity
 from ..ops.ledger import Checkpoint, Ledger
 from ..ops.stored import Unnamed, manifest, stream_name
-from .config import Client, Config
+from .config import Client, Config, ConfigError, load
 from .confine import UuidGuard, leftover
 from .held import held
 from .journals import Charge, Quota, expired, incoming_name, kept, remove
@@ -87,8 +89,17 @@ def _text(value: Any) -> str:
     return json.dumps(text) if not text or any(c.isspace() or c in '"=' for c in text) else text
 
 
+@dataclasses.dataclass(eq=False)
+class _Slot:
+    """A transfer or a listing of ``client`` (as its connection proved it), holding one place in the limits."""
+
+    opening: Opening
+    client: Client
+    cut: str = ""  # why the service cut it: the reload that revoked it
+
+
 class Service:
-    """The service of ``config``: :meth:`run` until ``stop`` is set."""
+    """The service of ``config``: :meth:`run` until ``stop`` is set; :meth:`reload` takes a new configuration."""
 
     def __init__(
         self,
@@ -103,106 +114,178 @@ class Service:
         self.clock = clock  # the wall clock journals expire by
         self._quotas = {name: Quota(c) for name, c in config.clients.items() if c.quota is not None}
         self._lock = threading.Lock()
-        self._active: dict[str, set[SessionReceiver]] = {name: set() for name in config.clients}
+        self._active: dict[str, set[_Slot]] = {}  # by client: what runs, each registered as it is admitted
         self._threads: set[threading.Thread] = set()
         self._s3: Any = None
         self._claims: dict[str, str] = {}  # what running transfers make: subvolume UUIDs, subvolumes, journals
+        self._listener: Listener[tuple[Opening, Client]] | None = None
 
-    def run(self, stop: threading.Event) -> None:
-        """Accept and serve until ``stop``; then let running transfers end (at most :data:`DRAIN_SECONDS`)."""
+    def run(self, stop: threading.Event, hangup: threading.Event | None = None) -> None:
+        """Accept and serve until ``stop``; then let running transfers end (at most :data:`DRAIN_SECONDS`).
+        Each time ``hangup`` is set, read the configuration's file again (:meth:`reload`)."""
         config = self.config
         for client in config.clients.values():
-            kind = "receive" if client.receive else "store"
-            trusted = {"trusted": ",".join(map(str, client.trusted))} if client.trusted else {}
-            self.log("client", client=client.identity, key=fingerprint(client.key), **{kind: client.place}, **trusted)
+            self._log_client(client)
         with listen(config.listen.host, config.listen.port) as server:
-            listener = Listener(
+            self._listener = listener = Listener(
                 server,
                 self._open,
-                Opening.close,
+                lambda item: item[0].close(),
                 timeout=config.handshake_timeout,
                 log=lambda text: self.log("refused", reason=text),
-                max_pending=max(config.max_transfers, 16),
+                max_pending=max(config.max_transfers, MAX_PENDING),
+                max_per_source=MAX_PER_SOURCE,
+                busy=busy_answer,
             )
             listener.serve()
             self.log("listening", address=f"{config.listen.host}:{server.getsockname()[1]}", tls=config.tls)
             sweep = self.clock()
             try:
                 while not stop.is_set():
-                    if config.journal_max_age is not None and (now := self.clock()) >= sweep:
+                    if (age := self.config.journal_max_age) is not None and (now := self.clock()) >= sweep:
                         sweep = now + SWEEP_SECONDS  # (from the clock read before the sweep: no sweep is lost)
-                        self.expire(config.journal_max_age)
-                    opening = listener.next(0.25)
-                    if opening is not None:
-                        self._start(opening)
+                        self.expire(age)
+                    if hangup is not None and hangup.is_set():
+                        hangup.clear()
+                        self._reload_file()
+                    opened = listener.next(0.25)
+                    if opened is not None:
+                        self._start(*opened)
             finally:
                 listener.close()
                 server.close()  # a new sender is refused at once, not left in the backlog to be cut later
                 self._drain()
         self.log("stopped")
 
-    def _open(self, sock: Any, deadline: float) -> Opening:
+    def _log_client(self, client: Client) -> None:
+        kind = "receive" if client.receive else "store"
+        trusted = {"trusted": ",".join(map(str, client.trusted))} if client.trusted else {}
+        self.log("client", client=client.identity, key=fingerprint(client.key), **{kind: client.place}, **trusted)
+
+    def _reload_file(self) -> None:
+        """:meth:`reload` the configuration's file; one that is wrong is logged, and the running one kept."""
+        try:
+            self.reload(load(self.config.path, warn=lambda text: self.log("warning", message=text)))
+        except Exception as exc:
+            reason = failure_status(exc)[1]
+            self.log("reload-refused", config=self.config.path, reason=reason, kept="the running configuration")
+
+    def reload(self, config: Config) -> None:
+        """Serve ``config`` from now on, its clients, keys, places and limits, without cutting what runs;
+        but the transfers of a client it no longer has, or whose key it changed, are cut (revoked)."""
+        old = self.config
+        if config.listen != old.listen:
+            raise ConfigError(
+                config.path,
+                f"listen: {config.listen.host}:{config.listen.port}, not {old.listen.host}:{old.listen.port}: "
+                "a running service cannot move; restart it to listen elsewhere",
+            )
+        self.config = config
+        self._quotas = {
+            name: quota
+            if (quota := self._quotas.get(name)) and (quota.limit, quota.client.place) == (c.quota, c.place)
+            else Quota(c)
+            for name, c in config.clients.items()
+            if c.quota is not None
+        }  # (a quota that stays keeps counting what its client's running transfers hold)
+        if self._listener is not None:
+            self._listener.timeout = config.handshake_timeout
+        cut = []
+        with self._lock:
+            for slot in (slot for slots in self._active.values() for slot in slots):
+                why = _revoked(slot.client, slot.opening, config)
+                if why and not slot.cut:
+                    slot.cut = f"cut: {why}"
+                    slot.opening.channel.interrupt()  # it fails, and stops as a transfer that was cut does
+                    cut.append(f"{slot.client.identity}@{slot.opening.peer}")
+        for client in config.clients.values():
+            if old.clients.get(client.identity) != client:
+                self._log_client(client)
+        changes = {
+            "added": sorted(set(config.clients) - set(old.clients)),
+            "removed": sorted(set(old.clients) - set(config.clients)),
+            "rekeyed": sorted(n for n, c in config.clients.items() if n in old.clients and old.clients[n].key != c.key),
+            "cut": cut,
+        }
+        fields = {name: ",".join(names) for name, names in changes.items() if names}
+        self.log("reloaded", config=config.path, clients=len(config.clients), **fields)
+
+    def _open(self, sock: Any, deadline: float) -> tuple[Opening, Client]:
+        """Shake hands and read the first words; the opening, and the client as its key or address proved it."""
         config = self.config
 
         def handshake(sock: socket.socket, seconds: float) -> Channel:
-            if any(c.trusted for c in config.clients.values()) and not _speaks_tls(sock, seconds):
-                return _unencrypted(sock, config)
+            if not _speaks_tls(sock, seconds):
+                return _unencrypted(sock, config, seconds)
             return accept_channel(sock, config.tls, config.key_of, handshake_timeout=seconds)
 
-        return open_connection(
+        opening = open_connection(
             sock, handshake, deadline, timeout=config.handshake_timeout, idle_timeout=config.idle_timeout
         )
+        return opening, config.clients[opening.channel.identity or ""]
 
-    def _start(self, opening: Opening) -> None:
-        client = self.config.clients.get(opening.channel.identity or "")
-        if client is None:  # the key lookup knows only configured clients: never here
+    def _start(self, opening: Opening, client: Client) -> None:
+        """Admit a transfer or a listing of ``client`` within the limits (checked and registered at once),
+        and run it in a thread; or refuse it, and tell its sender why."""
+        config = self.config
+        revoked = _revoked(client, opening, config)
+        if revoked:
+            self.log("refused", client=client.identity, peer=opening.peer, reason=revoked)
+            tell(opening.channel, e.EXIT_TLS, f"refused: {revoked}")
             opening.close()
             return
-        if opening.listing:
-            self._run(self._list, opening, client)
-            return
+        slot = _Slot(opening, config.clients[client.identity])  # its settings now (its place may have moved)
         with self._lock:
+            mine = self._active.setdefault(client.identity, set())
             total = sum(len(s) for s in self._active.values())
             busy = (
-                f"{client.identity} already has {_count(self.config.max_per_client, 'transfer')} running"
-                if len(self._active[client.identity]) >= self.config.max_per_client
+                f"{client.identity} already has {_count(config.max_per_client, 'transfer')} running"
+                if len(mine) >= config.max_per_client
                 else f"{_count(total, 'transfer')} running, the most this service takes"
-                if total >= self.config.max_transfers
+                if total >= config.max_transfers
                 else None
             )
+            if busy is None:
+                mine.add(slot)
         if busy:
             self.metrics.refused(client.identity, "busy")
             self.log("refused", client=client.identity, peer=opening.peer, reason=busy)
             tell(opening.channel, e.EXIT_IO, f"busy: {busy}; try again later")
             opening.close()
             return
-        self._run(self._transfer, opening, client)
+        self._run(self._list if opening.listing else self._transfer, slot)
 
-    def _run(self, work: Callable[[Opening, Client], None], opening: Opening, client: Client) -> None:
+    def _run(self, work: Callable[[_Slot], None], slot: _Slot) -> None:
         def run() -> None:
             try:
-                work(opening, client)
+                work(slot)
             finally:
                 with self._lock:
+                    mine = self._active[slot.client.identity]
+                    mine.discard(slot)
+                    if not mine and slot.client.identity not in self.config.clients:
+                        del self._active[slot.client.identity]  # a removed client's last
                     self._threads.discard(threading.current_thread())
 
         with self._lock:
             self._threads.add(started(run))
 
-    def _list(self, opening: Opening, client: Client) -> None:
+    def _list(self, slot: _Slot) -> None:
         """Answer a client's :class:`~sendstream.net.session.protocol.ListRequest`: its snapshots, its own only."""
+        opening, client = slot.opening, slot.client
         try:
             snapshots = held(client, self._s3)
             answer = b"".join(listed_line(s) for s in snapshots)
             opening.channel.send_all(answer + status_line(0, f"{len(snapshots)} snapshots"))
             self.log("listed", client=client.identity, peer=opening.peer, snapshots=len(snapshots))
         except Exception as exc:
-            self.log("failed", client=client.identity, peer=opening.peer, reason=f"listing: {exc}")
+            self.log("failed", client=client.identity, peer=opening.peer, reason=slot.cut or f"listing: {exc}")
             tell(opening.channel, *failure_status(exc))
         finally:
             opening.close()
 
-    def _transfer(self, opening: Opening, client: Client) -> None:
+    def _transfer(self, slot: _Slot) -> None:
+        opening, client = slot.opening, slot.client
         began = time.monotonic()
         fields: dict[str, Any] = {"client": client.identity, "peer": opening.peer}
         session: SessionReceiver | None = None
@@ -234,8 +317,6 @@ class Service:
                 identity=checkpoint.stream if checkpoint else None,
                 ledger=(checkpoint.commands, checkpoint.ledger) if checkpoint else None,
             )
-            with self._lock:
-                self._active[client.identity].add(session)
             resumed = {"resumed": checkpoint.offset} if checkpoint else {}
             self.log("transfer", **fields, compressed=opening.channel.compressed, **resumed)
             if client.archive:
@@ -256,6 +337,7 @@ class Service:
                 **done,
                 **({"already": True} if already else {}),
                 bytes=size,
+                **resumed,
                 seconds=round(time.monotonic() - began, 3),
             )
         except Exception as exc:
@@ -268,7 +350,8 @@ class Service:
             else:
                 tell(opening.channel, code, message)
                 opening.close()
-            self.log("failed", **fields, seconds=round(time.monotonic() - began, 3), code=code, reason=message)
+            reason = slot.cut or message
+            self.log("failed", **fields, seconds=round(time.monotonic() - began, 3), code=code, reason=reason)
         finally:
             self.metrics.ended(client.identity, result, size, names)
             if charge is not None:
@@ -276,8 +359,6 @@ class Service:
             self._release(claims)
             if session is not None:
                 session.close()
-                with self._lock:
-                    self._active[client.identity].discard(session)
 
     def _archive(self, session: SessionReceiver, client: Client, peer: str) -> tuple[str, int, tuple[str, ...]]:
         """Check the stream of ``session`` and archive it in ``client``'s bucket (as ``send --to s3://``)."""
@@ -340,17 +421,29 @@ class Service:
         while True:
             with self._lock:
                 threads = list(self._threads)
-                sessions = [s for group in self._active.values() for s in group]
+                slots = [slot for group in self._active.values() for slot in group]
             if not threads:
                 return
             if time.monotonic() > deadline:
-                for session in sessions:  # cut: each fails, removes its hidden file and says why
-                    session.channel.interrupt()
+                for slot in slots:  # cut: each fails, removes its hidden file and says why
+                    slot.opening.channel.interrupt()
                 deadline = float("inf")
             threads[0].join(0.25)
 
 
-TLS_HANDSHAKE_RECORD = 0x16  # the first byte of every TLS ClientHello
+def _revoked(client: Client, opening: Opening, config: Config) -> str:
+    """Why ``config`` no longer lets the connection of ``opening``, which proved ``client``, in ("" if it does):
+    the client is gone, its key changed, or its address is no longer trusted to send unencrypted."""
+    now = config.clients.get(client.identity)
+    if now is None:
+        return f"the configuration no longer has client {client.identity}"
+    if now.key != client.key:
+        return f"the key of client {client.identity} changed"
+    host = opening.peer.rsplit(":", 1)[0].strip("[]")
+    trusting = config.trusting(host) if isinstance(opening.channel, PlainChannel) else now
+    if trusting is None or trusting.identity != client.identity:
+        return f"{host} is no longer among the trusted addresses of client {client.identity}"
+    return ""
 
 
 def _speaks_tls(sock: socket.socket, seconds: float) -> bool:
@@ -362,11 +455,12 @@ def _speaks_tls(sock: socket.socket, seconds: float) -> bool:
     first = sock.recv(1, socket.MSG_PEEK)
     if not first:
         raise e.SessionError("the connection ended before a TLS handshake or a session hello")
-    return first[0] == TLS_HANDSHAKE_RECORD
+    return opens_handshake(first)
 
 
-def _unencrypted(sock: socket.socket, config: Config) -> Channel:
-    """A connection without TLS: the client whose ``trusted`` addresses hold the peer's, or refused (and told)."""
+def _unencrypted(sock: socket.socket, config: Config, seconds: float) -> Channel:
+    """A connection without TLS: the client whose ``trusted`` addresses hold the peer's, or refused (and
+    told, its bytes drained for at most ``seconds`` so that a reset does not lose what it was told)."""
     channel = PlainChannel(sock)
     peer = sock.getpeername()
     client = config.trusting(peer[0])
@@ -376,6 +470,7 @@ def _unencrypted(sock: socket.socket, config: Config) -> Channel:
             f"send with --tls {config.tls} and the client's key"
         )
         tell(channel, e.EXIT_TLS, f"refused: {why}")
+        drain(channel, seconds)
         channel.close()
         raise e.SessionError(why)
     channel.identity = client.identity
@@ -602,7 +697,7 @@ def receive_into(
         raise
     if journal is not None:
         journal.discard()
-    return ", ".join(made), summary.bytes, tuple(made)
+    return ", ".join(made), summary.bytes + summary.skipped, tuple(made)
 
 
 def _delete_subvolume(path: str) -> None:

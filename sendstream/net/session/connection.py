@@ -10,9 +10,11 @@ from typing import Generic, TypeVar
 from ... import errors as e
 from ...errors import TlsError
 from ..tls import Channel
+from ..tls.kernel import BUSY_ALERT, opens_handshake
 from .protocol import Data, Event, ReceiverConnection, SenderConnection, status_line
 
 BUFFER_SIZE = 256 << 10
+DRAIN_SECONDS = 10.0
 M = TypeVar("M", ReceiverConnection, SenderConnection)
 
 
@@ -117,6 +119,27 @@ def tell(channel: Channel, code: int, message: str, seconds: float = 1.0) -> Non
     channel.set_deadline(time.monotonic() + seconds)
     with contextlib.suppress(Exception):
         channel.send_all(status_line(code, message))
+
+
+def drain(channel: Channel, seconds: float = DRAIN_SECONDS) -> None:
+    """End our direction, then read and drop what the peer still sends until it closes, for at most
+    ``seconds``: closing with its bytes unread would reset the connection, and our last word with it."""
+    with contextlib.suppress(Exception):
+        channel.shutdown_write()
+        deadline = time.monotonic() + seconds
+        channel.set_deadline(deadline)
+        scratch = bytearray(64 << 10)
+        while channel.recv_into(scratch) and time.monotonic() < deadline:
+            pass
+
+
+def busy_answer(first: bytes, why: str) -> bytes:
+    """What a connection refused for load (:class:`~sendstream.net.listener.Listener`) is told, in the
+    language of its ``first`` bytes: a TLS client, before any handshake, only an alert (which our sender
+    takes as busy); any other a status."""
+    if opens_handshake(first):
+        return BUSY_ALERT
+    return status_line(e.EXIT_IO, f"busy: {why}; try again later")
 
 
 def failure_status(exc: BaseException) -> tuple[int, str]:

@@ -398,10 +398,12 @@ class ReceiverConnection(_Machine):
 
 
 class SenderConnection(_Machine):
-    """One connection, at the sender: the receiver's answer (or its status), its acks, its status."""
+    """One connection, at the sender: the receiver's answer (or its status), its acks, its status; or, with
+    ``listing`` (the connection asked for the service's list), its snapshots and its status. Whatever the
+    receiver says that this end did not ask for breaks the protocol."""
 
-    def __init__(self) -> None:
-        super().__init__("answer")  # answer, lines, done (after the status)
+    def __init__(self, *, listing: bool = False) -> None:
+        super().__init__("listing" if listing else "answer")  # answer, lines, listing, done (after the status)
 
     def _next(self, data: memoryview, pos: int, events: list[Event]) -> int:
         line, pos = self._input.line(data, pos)
@@ -413,8 +415,17 @@ class SenderConnection(_Machine):
         if line.startswith(STATUS_PREFIX):
             self._state = "done"
             return Status(*parse_status(line))
-        if line.startswith(LIST_PREFIX) and self._state == "answer":
-            return Listed(parse_listed(line[len(LIST_PREFIX) :]))
+        if self._state == "listing":
+            if line.startswith(LIST_PREFIX):
+                return Listed(parse_listed(line[len(LIST_PREFIX) :]))
+            expected = "a snapshot of the list or a status: is it sendstream serve?"
+            raise SessionError(f"unexpected line from the receiver: {printable(repr(line[:60]))}; expected {expected}")
+        if line.startswith(LIST_PREFIX):
+            raise SessionError(
+                "the receiver sent a snapshot of a list, which a sender of a stream does not ask for; expected "
+                + ("the answer to the hello" if self._state == "answer" else "an ack")
+                + " or a status"
+            )
         if self._state == "answer":
             self._state = "lines"
             return Answer(*parse_answer(line))

@@ -16,7 +16,6 @@ with the status again, for up to a minute. The wire format is :mod:`.protocol`'s
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import threading
 import time
@@ -31,14 +30,13 @@ from ...ops.identity import describe
 from ..compression import METHOD
 from ..listener import Listener, describe_peer
 from ..tls import Channel
-from .connection import BUFFER_SIZE, Inbox, _close, _kill, _quiet_close, tell, transient
+from .connection import BUFFER_SIZE, DRAIN_SECONDS, Inbox, _close, _kill, _quiet_close, drain, tell, transient
 from .protocol import Abort, Bye, CompressOffer, Data, End, Hello, ListRequest, ReceiverConnection
 
 ACK_BYTES = 4 << 20
 ACK_SECONDS = 0.5
 KEEPALIVE_SECONDS = 5.0
 OPENING_BUFFER = 4 << 10  # what one receive takes before the hello is whole (the machine keeps the hello's line)
-DRAIN_SECONDS = 10.0
 
 
 @dataclass
@@ -365,7 +363,7 @@ class SessionReceiver:
                 self.channel.send_all(status)
             finally:
                 if code:
-                    _drain(self.channel)
+                    drain(self.channel)
                 _quiet_close(self.channel)
             return
         self._acker.halt()
@@ -420,14 +418,3 @@ def _confirmed(inbox: Inbox[ReceiverConnection]) -> bool:
     except Exception:
         return False
     return False
-
-
-def _drain(channel: Channel, seconds: float = DRAIN_SECONDS) -> None:
-    """End our direction, then read and drop what the peer still sends until it closes, for at most ``seconds``."""
-    with contextlib.suppress(Exception):
-        channel.shutdown_write()
-        deadline = time.monotonic() + seconds
-        channel.set_deadline(deadline)
-        scratch = bytearray(64 << 10)
-        while channel.recv_into(scratch) and time.monotonic() < deadline:
-            pass

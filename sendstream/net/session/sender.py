@@ -75,6 +75,16 @@ def _unexpected(what: str, sent: int | None = None) -> SessionError:
     )
 
 
+def _out_of_retries(what: str, retries: int, last: BaseException | None) -> SessionError:
+    """``what`` happened, and ``retries`` more attempts failed (``last`` the last's error): what to do now."""
+    return SessionError(
+        f"{what}, and {retries} more attempt{'s' * (retries != 1)} failed; the last: {last}. Try again later "
+        "(or with more --retries). A transfer that stopped on the way continues: to a sendstream serve, send the "
+        "stream again with --resumable (the service keeps what it got); to a sendstream receive, with "
+        "`send --resume TOKEN`, the token it prints when it stops"
+    )
+
+
 class SessionSender:
     """Sends the bytes given to :meth:`write` through sessions that survive drops.
 
@@ -279,11 +289,8 @@ class SessionSender:
         while True:
             if failures:
                 if failures > self.retries:
-                    what = "no connection" if first else "the connection dropped"
-                    raise SessionError(
-                        f"{what}, and {self.retries} more attempt{'s' * (self.retries != 1)} failed; the last: "
-                        f"{self._last}. Try again later (or with more --retries); a transfer that stopped on "
-                        "the way continues with `send --resume TOKEN`, the token the receiver prints when it stops"
+                    raise _out_of_retries(
+                        "no connection" if first else "the connection dropped", self.retries, self._last
                     )
                 delay = min(self.retry_delay * 2 ** (failures - 1), MAX_BACKOFF)
                 lost = "no connection" if first else "connection lost"
@@ -310,7 +317,7 @@ class SessionSender:
             self.status = answer.code, answer.message
             self._dead = False
             return
-        assert isinstance(answer, Answer)
+        assert isinstance(answer, Answer)  # the machine's: a hello gets nothing else
         verified, resume = answer.verified, answer.resume
         with self._cond:
             kept = not self._skip_to and answer.ledger is not None and self._kept is not None
@@ -328,6 +335,8 @@ class SessionSender:
                 raise _unexpected(f"resumes at offset {resume}, before the token's {self._skip_to}")
             if max(verified, resume) > max(self.written, self._skip_to):
                 raise _unexpected(f"already has {max(verified, resume):,} bytes", self.written)
+            if not self._sessions:  # what a receiver had from an earlier run is not sent, nor counted as sent
+                self._skip_to = max(self._skip_to, resume)
             self._advance(verified)
             if resume < self._held.base:
                 raise SessionError(
@@ -336,9 +345,9 @@ class SessionSender:
                 )
             self._dead = False
         if self._sessions:
-            self.reconnects += 1
-            self.resent += self.written - resume
-            self._log(f"session: receiver verified {verified} bytes, resuming at {resume} of {self.written}")
+            again = self.written - resume
+            self.reconnects, self.resent = self.reconnects + 1, self.resent + again
+            self._log(f"session: receiver verified {verified:,} bytes; resuming at offset {resume} ({again:,} resent)")
         self._sessions += 1
         self._reader = started(self._read_acks, inbox)
         for piece in self._held.since(resume):

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from ...errors import HandshakeError, TlsCause, TlsError, TruncationError, UsageError
+from ...errors import HandshakeError, PeerBusy, TlsCause, TlsError, TruncationError, UsageError
 from .channel import Channel, read_and_send
 from .keys import ServerKeys, fingerprint
 from .suites import SUITES
@@ -48,7 +48,16 @@ ALERT_CAUSES: Final = {
     40: TlsCause.IDENTITY_OR_MODE,
     70: TlsCause.MODE,  # protocol_version
     71: TlsCause.MODE,  # insufficient_security
+    80: TlsCause.BUSY,  # internal_error: what sendstream serve answers a handshake it has no room for
 }
+# A plaintext fatal internal_error alert: what a TLS client can read before the handshake, and ours takes as busy.
+BUSY_ALERT: Final = bytes((_ALERT, 3, 3, 0, 2, 2, 80))
+
+
+def opens_handshake(first: bytes) -> bool:
+    """Whether a peer's ``first`` bytes open a TLS handshake (every TLS ClientHello does; a session
+    hello or a btrfs stream never does)."""
+    return first[:1] == bytes((_HANDSHAKE,))
 
 
 class KernelReceiver:
@@ -216,6 +225,11 @@ class TlsChannel(Channel):
             try:
                 self._client_handshake(key, identity, timeout)
             except HandshakeError as exc:
+                if exc.cause is TlsCause.BUSY:
+                    raise PeerBusy(
+                        "the receiver is busy: it refused the connection (TLS alert 80, internal_error, which "
+                        "sendstream serve sends when it has no room for one more); try again later"
+                    ) from exc
                 raise self._name_key(exc, key, identity.decode("utf-8", "backslashreplace")) from exc
             self.identity = identity.decode("utf-8")
             self._offload()
