@@ -120,7 +120,8 @@ def serve(
 
     from .net.address import Address
     from .service import config as configuration
-    from .service.server import EventLog, Service
+    from .service.log import EventLog
+    from .service.server import Service
 
     config = configuration.load(config_path, warn=warn)
     if check_config:

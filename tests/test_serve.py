@@ -39,9 +39,10 @@ from sendstream.net.session.protocol import SenderConnection
 from sendstream.net.tls import Channel, connect_channel, load_key
 from sendstream.ops.identity import first_command, stream_identity
 from sendstream.ops.stored import stream_name
-from sendstream.service import server
+from sendstream.service import storing
 from sendstream.service.config import load
-from sendstream.service.server import EventLog, Service
+from sendstream.service.log import EventLog
+from sendstream.service.server import Service
 
 FULL = FIXTURES / "rich-full-v2.stream"
 INCR = FIXTURES / "rich-incr-v2.stream"
@@ -224,13 +225,13 @@ def test_the_same_stream_again_is_already_stored_and_another_of_its_name_is_refu
 def test_two_transfers_of_one_name_at_once_store_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Both have received their whole stream (a barrier holds each before it names its own); one is stored,
     the other, with other bytes, refused."""
-    barrier, naming = threading.Barrier(2, timeout=60), server._named
+    barrier, naming = threading.Barrier(2, timeout=60), storing._named
 
     def together(*args: Any) -> Any:
         barrier.wait()
         return naming(*args)
 
-    monkeypatch.setattr(server, "_named", together)
+    monkeypatch.setattr(storing, "_named", together)
     other = _named_as(FULL, tmp_path)
     with serving(tmp_path) as (port, log):
         senders = [subprocess.Popen(sending(port, tmp_path, s), stderr=subprocess.PIPE) for s in (FULL, other)]
@@ -1104,7 +1105,7 @@ def test_journals_expire_by_the_services_clock(tmp_path: Path) -> None:
     """journal_days = 2: a sweep at start and every hour of the service's clock (here one the test moves)
     removes the journals not written for two days."""
     from sendstream.service.config import load
-    from sendstream.service.server import SWEEP_SECONDS, EventLog, Service
+    from sendstream.service.server import SWEEP_SECONDS, Service
 
     port = free_port()
     config = write_config(tmp_path, port, "journal_days = 2", clients=("alpha",))

@@ -15,13 +15,14 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .. import errors as e
 from ..net.journal import PART_SUFFIX, load_state, state_path
 from ..ops.ledger import Checkpoint
 from ..ops.stored import stream_name
+from .claims import Claims
 from .config import Client
 
 _JOURNAL = re.compile(r"\.(.+)\.incoming\.part(\.resume)?")
@@ -188,3 +189,28 @@ class Charge:
 
     def end(self) -> None:
         self.quota.end(self)
+
+
+def sweep_journals(
+    clients: Iterable[Client], max_age: float, now: float, claims: Claims, log: Callable[..., object]
+) -> None:
+    """Remove the journals of ``clients`` not written for ``max_age`` seconds before ``now`` that no running
+    transfer holds (``claims``); each removal, and a place that cannot be searched, is ``log``ged."""
+    for client in clients:
+        try:
+            old = expired(client, max_age, now)
+        except OSError as exc:
+            log("failed", client=client.identity, reason=f"searching {client.place} for journals: {exc}")
+            continue
+        for journal in old:
+            held = claims.holding(client)
+            try:
+                held.path(journal.path)
+            except e.SessionError:
+                continue  # its sender came back meanwhile
+            try:
+                remove(journal.path)
+            finally:
+                held.release()
+            days = round((now - journal.written) / 86400, 1)
+            log("expired", client=client.identity, journal=journal.name, bytes=journal.size, days=days)

@@ -22,7 +22,8 @@ from typing import Any
 
 from sendstream.io.outputs import OutputFile
 from sendstream.service.config import load
-from sendstream.service.server import EventLog, Service
+from sendstream.service.log import EventLog
+from sendstream.service.server import Service
 
 from .net import CMD, free_port, key_file, wait_listening
 
