@@ -1038,6 +1038,10 @@ def test_a_killed_service_resumes_into_btrfs_receive(tmp_path: Path) -> None:
         # the stream's size, as the stored streams' count and the sender's say it: not this run's part of it
         received = [e for e in log if e["event"] == "received"]
         assert [e["bytes"] for e in received] == [s.stat().st_size for s in streams], received
+        # what btrfs receive says of the incremental on its standard output is the log's too
+        assert {"event": "btrfs-receive", "line": "At snapshot two"}.items() <= next(
+            e for e in log if str(e.get("line", "")).startswith("At snapshot")
+        ).items(), [e for e in log if e["event"] == "btrfs-receive"]
         assert received[0]["resumed"] == transfer["resumed"], received
 
 

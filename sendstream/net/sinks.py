@@ -153,26 +153,34 @@ class ChildSink(Sink):
     command.
     """
 
-    def __init__(self, command: str, stderr: Callable[[str], object] | None = None) -> None:
+    def __init__(
+        self, command: str, stderr: Callable[[str], object] | None = None, *, stdout_too: bool = False
+    ) -> None:
         self.command = command
         self._stderr = stderr
+        self._stdout_too = stdout_too and stderr is not None  # its standard output to ``stderr`` as well
         self._child: subprocess.Popen[bytes] | None = None
         self._relay: threading.Thread | None = None
 
     def __enter__(self) -> Self:
         piped = subprocess.PIPE if self._stderr else None
-        self._child = subprocess.Popen(["/bin/sh", "-c", self.command], stdin=subprocess.PIPE, stderr=piped)
+        out: int | None = None
+        err = piped
+        if self._stdout_too:  # (btrfs receive says `At snapshot NAME` on its standard output)
+            out, err = subprocess.PIPE, subprocess.STDOUT
+        self._child = subprocess.Popen(["/bin/sh", "-c", self.command], stdin=subprocess.PIPE, stdout=out, stderr=err)
         assert self._child.stdin is not None
         widen(self._child.stdin.fileno())
-        if self._child.stderr is not None:
-            self._relay = started(self._pass_stderr, self._child.stderr)
+        said = self._child.stdout if self._stdout_too else self._child.stderr
+        if said is not None:
+            self._relay = started(self._pass_stderr, said)
         return self
 
     def _pass_stderr(self, pipe: BinaryIO) -> None:
         assert self._stderr is not None
         with pipe:
             for line in pipe:
-                self._stderr(line.decode(errors="replace").rstrip("\n"))
+                self._stderr(line.decode(errors="surrogateescape").rstrip("\n"))  # a name is any bytes
 
     def write(self, data: Data) -> None:
         assert self._child is not None and self._child.stdin is not None
