@@ -21,7 +21,6 @@ import contextlib
 import hashlib
 import socket
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,6 +31,7 @@ from .. import errors as e
 from ..codec.crc import crc32c
 from ..format.layout import COMMAND_HEADER_SIZE, STREAM_MAGIC
 from ..io.framed import FramedInput, StreamSource
+from ..io.retry import Retry
 from ..ops.identity import snapshot_name, stream_identity
 from ..ops.ledger import Ledger
 from ..ops.repair import Healer
@@ -47,7 +47,6 @@ GROWTH = 1000
 MAX_PARTS = 10_000
 MAX_OBJECT = 5 << 40
 IN_FLIGHT_BYTES = 64 << 20
-MAX_BACKOFF = 30.0
 _PREFIX = 64 << 10  # what names the stream: its header and first command
 _MASK = 0xFFFFFFFF
 
@@ -102,7 +101,7 @@ class Parts:
         self._budget = in_flight
         self._hasher = Hasher(digest, 2) if digest is not None else None  # of every part, in order
         self._ledger = ledger or Ledger()
-        self._key, self._retries, self._retry_delay, self._notice = key, retries, retry_delay, notice
+        self._key, self._retry, self._notice = key, Retry(retries, retry_delay), notice
         self._buffer = bytearray()
         self._pool = ThreadPoolExecutor(max(1, in_flight // part_size), thread_name_prefix="sendstream-part")
         self._cond = threading.Condition()
@@ -335,16 +334,7 @@ class Parts:
 
     def _retrying(self, request: Callable[[], Any]) -> Any:
         """``request()``, tried again ``retries`` times (waiting, doubling) while its error may pass."""
-        for attempt in range(self._retries + 1):
-            try:
-                return request()
-            except e.StoreError as exc:
-                if attempt >= self._retries or not exc.retryable:
-                    raise
-                delay = min(self._retry_delay * 2**attempt, MAX_BACKOFF)
-                self._notice(f"{exc}; retry {attempt + 1}/{self._retries} in {delay:g} s")
-                time.sleep(delay)
-        raise AssertionError("unreachable")
+        return self._retry.call(request, lambda exc: isinstance(exc, e.StoreError) and exc.retryable, self._notice)
 
     def _begin(self, name: str) -> _Object:
         answer = self.call(name, self._s3.create_multipart_upload, Key=self.location.key(name))

@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING, Any, BinaryIO, cast
 from .. import errors as e
 from ..codec.framer import Framer
 from ..io.readahead import ReadAhead
+from ..io.retry import Retry
 from ..io.threads import started
 from ..io.windows import file_events, is_regular
 from ..ops.repair import Healer
 from .progress import Progress, Summary
+from .session.connection import transient
 from .session.messages import STATUS_PREFIX
 from .tls import Channel
 
@@ -299,6 +301,8 @@ def send(
     elif read_ahead:
         source = cast(BinaryIO, ReadAhead(source, read_ahead))
     if not resumable and resume is None:
-        with connect() as channel:
+        # nothing of the stream is sent before the first connection: a refused or busy one is tried again
+        first = Retry(retries, retry_delay).call(connect, transient, progress.note)
+        with first as channel:
             return send_stream(source, channel, progress, expect_status=expect_status)
     return send_resumable(source, connect, progress, retries=retries, retry_delay=retry_delay, log=log, resume=resume)

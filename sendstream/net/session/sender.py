@@ -4,7 +4,7 @@ The sender keeps every byte after the last acknowledged offset in memory, up
 to :data:`WINDOW_SIZE` (64 MiB) plus one write of the healer (at most one
 command or one checked run of the input window) and waits for
 acknowledgements before it takes more. On a drop it reconnects (``retries``
-attempts per outage, ``retry_delay`` doubling up to :data:`MAX_BACKOFF`),
+attempts per outage, ``retry_delay`` doubling up to :data:`~sendstream.io.retry.MAX_BACKOFF`),
 says its hello again, and resends from where the receiver's answer says. A
 sender resuming after a restart (``skip_to``, ``stream``: a receiver's
 token) sends only what follows the token's offset. The wire format is
@@ -22,6 +22,7 @@ from typing import Any
 
 from ... import errors as e
 from ...errors import ResumeError, SessionError
+from ...io.retry import Retry
 from ...io.threads import started
 from ...ops.identity import describe, stream_identity
 from ...ops.ledger import Checkpoint
@@ -31,7 +32,6 @@ from .protocol import PREFIX_SIZE, Ack, Answer, SenderConnection, Status
 
 WINDOW_SIZE = 64 << 20
 PIECE_SIZE = 64 << 10  # the sender holds and waits for acknowledgements in pieces of this size
-MAX_BACKOFF = 30.0
 LINE_BUFFER = 64 << 10  # what one receive of the receiver's lines takes
 
 
@@ -292,7 +292,7 @@ class SessionSender:
                     raise _out_of_retries(
                         "no connection" if first else "the connection dropped", self.retries, self._last
                     )
-                delay = min(self.retry_delay * 2 ** (failures - 1), MAX_BACKOFF)
+                delay = Retry(self.retries, self.retry_delay).wait(failures)
                 lost = "no connection" if first else "connection lost"
                 self._notice(f"{lost}; retry {failures}/{self.retries} in {delay:g} s")
                 time.sleep(delay)
