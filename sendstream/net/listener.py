@@ -13,12 +13,16 @@ stop the service, nor hold it.
 At most ``max_pending`` connections are being opened at a time, at most
 ``max_per_source`` of them from one source (an address; for IPv6 its /64,
 which one host commonly holds; ``serve`` takes :data:`MAX_PER_SOURCE`), and
-at most ``max_pending`` opened ones wait to be taken. One more is refused
-for load: with ``busy`` it is told so in its own language once its first
-bytes come (within :data:`BUSY_SECONDS`; at most :data:`MAX_BUSY` wait for
-that, the oldest going first, unanswered), else it is closed at once. So
-silent connections from one source cannot lock the others out, and a
-client refused for load hears that the service is busy. Memory is bounded
+at most ``max_pending`` opened ones wait to be taken. When every place is
+taken, a connection from a source that holds fewer openings than another
+takes the place of that other's oldest opening, which is cut (so sources
+that fill the places between them cannot keep a new one out: each new
+source finds room). Any other is refused for load: with ``busy`` it is told
+so in its own language once its first bytes come (within
+:data:`BUSY_SECONDS`; at most :data:`MAX_BUSY` wait for that, the oldest
+going first, unanswered), else it is closed at once. So silent connections
+cannot lock the others out, and a client refused for load hears that the
+service is busy. Memory is bounded
 by ``2 * max_pending`` times what one opening holds (for sendstream: a TLS
 session and a 68 KiB buffer), plus one thread each, plus :data:`MAX_BUSY`
 sockets. Refusals are logged in full up to :data:`LOG_BURST` per
@@ -89,6 +93,7 @@ class _Attempt:
         self.deadline = deadline
         self.generation = generation
         self.why = ""  # set when the listener stops it
+        self.evicted = False  # cut to make room for another source: no longer counted as its source's
         self.thread: threading.Thread  # the opening's: set before the attempt is pending
 
 
@@ -126,7 +131,8 @@ class Listener(Generic[T]):
         self._busy = busy
         self._lock = threading.Lock()
         self._pending: set[_Attempt] = set()
-        self._sources: Counter[str] = Counter()  # of the pending attempts
+        self._sources: Counter[str] = Counter()  # of the pending attempts (the evicted ones left out)
+        self._evicted = 0  # pending attempts cut to make room, whose threads have not ended yet
         self._opened: queue.Queue[T] = queue.Queue(max_pending)
         self._generation = 0
         self._arrived: Callable[[T], object] | None = None
@@ -243,13 +249,19 @@ class Listener(Generic[T]):
         return max(math.ceil(min(due) * 1000), 0) if due else -1
 
     def _start(self, sock: socket.socket, peer: str, source: str, generation: int) -> str:
-        """Open ``sock`` in a thread of its own; or, the service busy, refuse it: the reason ("" when not)."""
+        """Open ``sock`` in a thread of its own; or, the service busy, refuse it: the reason ("" when not).
+
+        When every place is taken, a source that holds fewer than another takes the place of that one's
+        oldest opening (which is cut, and says why): so no few sources can keep the others out."""
         attempt = _Attempt(sock, peer, source, time.monotonic() + self.timeout, generation)
         attempt.thread = threading.Thread(target=self._open_one, args=(attempt,), daemon=True)
+        evicted = None
         with self._lock:
+            if len(self._pending) - self._evicted >= self.max_pending:
+                evicted = self._evict_for(source)
             why = (
                 f"{self.max_pending} connections are already opening"
-                if len(self._pending) >= self.max_pending
+                if len(self._pending) - self._evicted >= self.max_pending or len(self._pending) >= 2 * self.max_pending
                 else f"{self.max_per_source} connections from {source} are already opening"
                 if self._sources[source] >= self.max_per_source
                 else ""
@@ -257,11 +269,30 @@ class Listener(Generic[T]):
             if not why:
                 self._pending.add(attempt)
                 self._sources[source] += 1
+        if evicted is not None:
+            with contextlib.suppress(OSError):
+                evicted.sock.shutdown(socket.SHUT_RDWR)  # its thread fails, closes it and says why
         if why:
             self._refused(peer, f"busy: {why}")
             return why
         attempt.thread.start()
         return ""
+
+    def _evict_for(self, source: str) -> _Attempt | None:
+        """With the lock held and every place taken: cut the oldest opening of the source that holds the
+        most, when it holds more than ``source``; that opening (None when none is cut)."""
+        busiest = self._sources.most_common(1)
+        if not busiest or busiest[0][1] <= self._sources[source]:
+            return None
+        crowd = busiest[0][0]
+        oldest = min((a for a in self._pending if a.source == crowd and not a.evicted), key=lambda a: a.deadline)
+        oldest.evicted = True
+        oldest.why = f"making room for {source}: {crowd} holds {busiest[0][1]} of the {self.max_pending} openings"
+        self._sources[crowd] -= 1
+        if not self._sources[crowd]:
+            del self._sources[crowd]
+        self._evicted += 1
+        return oldest
 
     def _open_one(self, attempt: _Attempt) -> None:
         try:
@@ -292,9 +323,12 @@ class Listener(Generic[T]):
         finally:
             with self._lock:
                 self._pending.discard(attempt)
-                self._sources[attempt.source] -= 1
-                if not self._sources[attempt.source]:
-                    del self._sources[attempt.source]
+                if attempt.evicted:
+                    self._evicted -= 1
+                else:
+                    self._sources[attempt.source] -= 1
+                    if not self._sources[attempt.source]:
+                        del self._sources[attempt.source]
 
     # the log
 
