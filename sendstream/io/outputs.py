@@ -13,6 +13,7 @@ import errno
 import fcntl
 import io
 import os
+import re
 import stat
 import sys
 from collections.abc import Iterator
@@ -28,6 +29,14 @@ def is_special(path: str) -> bool:
         return not stat.S_ISREG(os.lstat(path).st_mode)
     except FileNotFoundError:
         return False
+
+
+_TEMPORARY = re.compile(r"\..*\.[0-9a-f]{12}\.tmp", re.DOTALL)
+
+
+def is_temporary(name: str) -> bool:
+    """Whether ``name`` is one that :meth:`OutputDirectory.create_temporary` makes."""
+    return _TEMPORARY.fullmatch(name) is not None
 
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC

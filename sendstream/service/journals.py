@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .. import errors as e
+from ..io.outputs import is_temporary
 from ..net.journal import PART_SUFFIX, load_state, state_path
 from ..ops.ledger import Checkpoint
 from ..ops.stored import stream_name
@@ -42,6 +43,21 @@ class Unfinished:
     path: str  # the journal: its part is PATH.part, its checkpoint PATH.part.resume
     size: int  # bytes of the part and its checkpoint
     written: float  # the last write to either, in seconds since the epoch
+
+
+def remove_temporaries(client: Client) -> int:
+    """Remove the temporary files that a service killed mid-transfer left in ``client``'s place (a raw
+    stream's, a manifest's, a checkpoint's: nothing resumes them); how many. Only while no transfer runs."""
+    if client.archive:
+        return 0
+    removed = 0
+    with os.scandir(client.place) as entries:
+        for entry in entries:
+            if is_temporary(entry.name) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed += 1
+    return removed
 
 
 def unfinished(client: Client) -> list[Unfinished]:

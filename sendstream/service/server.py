@@ -38,7 +38,7 @@ from ..ops.stored import stream_name
 from .claims import Claims
 from .config import Client, Config, ConfigError, load
 from .held import held
-from .journals import Quota, incoming_name, kept, remove, sweep_journals
+from .journals import Quota, incoming_name, kept, remove, remove_temporaries, sweep_journals
 from .log import EventLog
 from .metrics import Metrics, NoMetrics
 from .openings import speaks_tls, unencrypted, why_revoked
@@ -90,6 +90,8 @@ class Service:
         config = self.config
         for client in config.clients.values():
             self._log_client(client)
+            if removed := remove_temporaries(client):  # a service killed mid-transfer left them
+                self.log("removed", client=client.identity, temporaries=removed)
         with listen(config.listen.host, config.listen.port) as server:
             self._listener = listener = Listener(
                 server,
