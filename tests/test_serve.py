@@ -1232,7 +1232,7 @@ def test_silent_connections_from_one_address_leave_room_for_others(tmp_path: Pat
     config = write_config(tmp_path, port, "handshake_timeout = 120", clients=("alpha",))
     with service(config, port):
         held = [socket.create_connection(("127.0.0.1", port)) for _ in range(MAX_PER_SOURCE)]
-        busy = send(port, tmp_path, "alpha", FULL)
+        busy = send(port, tmp_path, "alpha", FULL, "--retries", "0")
         with socket.create_connection(("127.0.0.1", port), timeout=20) as plain:
             plain.sendall(b"sendstream-list\n")
             told = plain.recv(4096)
@@ -1258,6 +1258,43 @@ def test_silent_connections_from_one_address_leave_room_for_others(tmp_path: Pat
     assert stored(tmp_path, "alpha")[name_of(FULL)] == FULL.read_bytes()
     reasons = [str(e.get("reason")) for e in events(proc) if e["event"] == "refused"]
     assert f"busy: {MAX_PER_SOURCE} connections from 127.0.0.2 are already opening" in " ".join(reasons), reasons
+
+
+def test_a_plain_sender_told_busy_before_it_sent_anything_tries_again(tmp_path: Path) -> None:
+    """Nothing of the stream goes before the first connection opens, so a plain (not resumable) send that
+    is told busy then tries again as --retries says, and gets in once there is room."""
+    port = free_port()
+    config = write_config(tmp_path, port, "handshake_timeout = 120", clients=("alpha",))
+    with service(config, port) as proc:
+        log = LiveLog(proc)
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(MAX_PER_SOURCE)]
+        key = tmp_path / "keys" / "alpha.key"
+        argv = [*CMD, "send", "--to", f"127.0.0.1:{port}", str(FULL), "--key", str(key), "--identity", "alpha"]
+        sender = subprocess.Popen([*argv, "--retries", "8", "--retry-delay", "0.2"], stderr=subprocess.PIPE)
+        log.wait(lambda e: e["event"] == "refused" and "busy" in str(e.get("reason")), count=2)  # it knocked again
+        for sock in held:
+            sock.close()
+        _, err = sender.communicate(timeout=120)
+    assert sender.returncode == 0, err
+    assert stored(tmp_path, "alpha")[name_of(FULL)] == FULL.read_bytes()
+
+
+def test_sources_that_fill_every_place_make_room_for_another(tmp_path: Path) -> None:
+    """Four addresses hold all 64 places with silent openings (16 each): a sender from a fifth takes the
+    oldest place of one of them, and the one cut is logged with why."""
+    port = free_port()
+    config = write_config(tmp_path, port, "handshake_timeout = 120", clients=("alpha",))
+    held: list[socket.socket] = []
+    with service(config, port) as proc:
+        for i in range(4):
+            _hold_open(port, f"127.0.0.{2 + i}", MAX_PER_SOURCE, b"", held)
+        sent = send(port, tmp_path, "alpha", FULL, "--retries", "0")
+        for sock in held:
+            sock.close()
+    assert len(held) == 4 * MAX_PER_SOURCE
+    assert sent.returncode == 0, sent.stderr
+    reasons = [str(e.get("reason")) for e in events(proc) if e["event"] == "refused"]
+    assert any("making room for 127.0.0.1: 127.0.0." in r for r in reasons), reasons
 
 
 def test_limits_hold_for_transfers_and_lists_that_connect_at_once(tmp_path: Path) -> None:
@@ -1447,3 +1484,115 @@ def test_a_resumed_transfer_counts_its_bytes_the_same_at_both_ends(tmp_path: Pat
     assert f"resumed at offset {resumed} of {len(data):,} bytes".encode() in again.stderr, again.stderr
     assert done["bytes"] == len(data) and done["resumed"] == resumed, done
     assert stored(tmp_path, "alpha")[name_of(FULL)] == data
+
+
+# memory: what hostile clients cannot make the service hold (issue 24)
+
+SERVE_MEMORY_BOUND = 150 << 20  # peak RSS of serve (MALLOC_ARENA_MAX=2) under the load below (README)
+
+
+def _hold_open(port: int, source: str, count: int, first: bytes, held: list[socket.socket]) -> None:
+    """``count`` connections from ``source`` that send ``first`` (nothing, a TLS record's first byte,
+    junk) and then stay silent, kept in ``held``; those the service refuses are dropped."""
+    for _ in range(count):
+        sock = socket.socket()
+        try:
+            sock.bind((source, 0))
+            sock.settimeout(5)
+            sock.connect(("127.0.0.1", port))
+            if first:
+                sock.sendall(first)
+        except OSError:
+            sock.close()
+            continue
+        held.append(sock)
+
+
+def test_hostile_clients_leave_the_services_memory_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight transfers of 11 MB (half compressed, half resumable) while 400 silent connections, 48
+    slow-loris TLS openings, 32 MiB of junk and senders with a wrong key knock from other addresses:
+    every transfer is stored, and the service's peak RSS stays under :data:`SERVE_MEMORY_BOUND`."""
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
+    port = free_port()
+    config = write_config(tmp_path, port)
+    streams = [tmp_path / "a.stream", tmp_path / "b.stream"]
+    streams[0].write_bytes(FULL.read_bytes() * 40)
+    streams[1].write_bytes(INCR.read_bytes() + FULL.read_bytes() * 39)
+    wrong = key_file(tmp_path / "wrong.key")
+    held: list[socket.socket] = []
+    with service(config, port) as proc:
+        knocks = [
+            threading.Thread(target=_hold_open, args=(port, "127.0.0.2", 400, b"", held)),
+            *(
+                threading.Thread(target=_hold_open, args=(port, f"127.0.0.{3 + i}", 16, b"\x16\x03", held))
+                for i in range(3)
+            ),
+            threading.Thread(target=_garbage, args=(port, 32 << 20)),
+        ]
+        for knock in knocks:
+            knock.start()
+
+        def sender(client: str, stream: Path, *extra: str) -> subprocess.Popen[bytes]:
+            key = str(tmp_path / "keys" / f"{client}.key")
+            argv = [*CMD, "send", "--to", f"127.0.0.1:{port}", str(stream), "--key", key, "--identity", client]
+            argv += ["--progress", "none", "--retries", "20", "--retry-delay", "0.5", *extra]
+            return subprocess.Popen(argv, stderr=subprocess.PIPE)
+
+        pairs = [(c, s) for c in CLIENTS for s in streams]
+        jobs = [sender(c, s, *(["--compress", "zstd"] if i % 2 else ["--resumable"])) for i, (c, s) in enumerate(pairs)]
+        intruders: list[subprocess.CompletedProcess[bytes]] = []
+        for _ in range(4):
+            intruder = subprocess.run(
+                [*CMD, "send", "--to", f"127.0.0.1:{port}", str(FULL), "--key", str(wrong), "--identity", "alpha",
+                 "--progress", "none", "--retries", "0"],
+                capture_output=True, timeout=120,
+            )  # fmt: skip
+            intruders.append(intruder)
+        said = [job.communicate(timeout=300)[1] for job in jobs]
+        for knock in knocks:
+            knock.join()
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        peak = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) * 1024  # type: ignore[union-attr]
+        for sock in held:
+            sock.close()
+    assert [job.returncode for job in jobs] == [0] * len(jobs), [
+        (j.returncode, s[-300:]) for j, s in zip(jobs, said, strict=True)
+    ]
+    assert all(i.returncode == 6 for i in intruders), [i.stderr for i in intruders]
+    for client in CLIENTS:
+        assert sorted(stored(tmp_path, client)) == sorted(
+            n for s in streams for n in (name_of(s), name_of(s) + ".json")
+        )
+    assert peak < SERVE_MEMORY_BOUND, f"peak RSS {peak / 1e6:.1f} MB"
+
+
+def test_a_service_killed_mid_transfer_removes_what_it_left_when_it_starts_again(tmp_path: Path) -> None:
+    """A plain transfer's temporary file (nothing resumes it) that a SIGKILL left is removed at the next
+    start, and said; a resumable transfer's journal stays for its sender."""
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    place = tmp_path / "places" / "alpha"
+    big = _big(tmp_path)
+    with service(config, port) as proc:
+        sender = _sender(port, tmp_path, big, "--rate-limit", "2M")  # resumable: its journal stays
+        plain = subprocess.Popen(
+            [*CMD, "send", "--to", f"127.0.0.1:{port}", str(big), "--key",
+             str(tmp_path / "keys" / "alpha.key"), "--identity", "alpha", "--progress", "none", "--retries", "0",
+             "--rate-limit", "2M"],
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while not [p for p in place.glob(".incoming.stream.*.tmp") if p.stat().st_size] and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the plain transfer's file holds its first bytes (the event)
+        proc.kill()
+        proc.wait()
+        sender.kill()
+        plain.communicate(timeout=60)
+    left = sorted(p.name for p in place.iterdir())
+    assert any(name.startswith(".incoming.stream.") for name in left), left
+    with service(config, port) as proc:
+        pass
+    log = events(proc)
+    assert [e.get("temporaries") for e in log if e["event"] == "removed"] == [1], log
+    assert not [p for p in place.iterdir() if p.name.startswith(".incoming.stream.")]
+    assert [p.name for p in place.glob(".*.incoming.part")], sorted(p.name for p in place.iterdir())

@@ -149,7 +149,8 @@ class Service:
 
     def start(self) -> None:
         argv = [*CMD, "serve", "--config", str(self.config), "--log-format", "json"]
-        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE)
+        # one malloc arena per thread would make the RSS a figure of the threads, not of what is held
+        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, env=dict(os.environ, MALLOC_ARENA_MAX="2"))
         self.starts += 1
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
         self.wait_for(lambda ev: ev.get("event") == "listening", since=len(self.events), seconds=30)
@@ -350,6 +351,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         service.start()
         done_count = 0
         rss: dict[str, int] = {}
+        trend: list[float] = []  # the service's RSS (MB) every 25 transfers
         lock = threading.Lock()
         failures: list[str] = []
         began = time.monotonic()
@@ -384,6 +386,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                     done_count += 1
                     if done_count == RSS_FROM:
                         rss["from"] = service.rss()
+                    if done_count % 25 == 0:
+                        trend.append(round(service.rss() / 1e6, 1))
 
         with Knockers(port, tmp, random.Random(args.seed + 1)) as knockers:
             threads = [threading.Thread(target=client_loop, args=(name,)) for name in clients]
@@ -419,6 +423,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             "refused_logged": sum(ev.get("event") == "refused" for ev in service.events),
             "rss_mb": {k: round(v / 1e6, 1) for k, v in rss.items()},
             "rss_growth_mb": round(growth / 1e6, 2),
+            "rss_every_25_transfers_mb": trend,
             "seconds": round(seconds, 1),
             "failures": failures,
         }
