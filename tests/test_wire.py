@@ -270,3 +270,25 @@ def _received_when_written(tmp_path: Path, *extra: str) -> float:
 def test_a_buffer_lets_a_bursty_producer_run_on(tmp_path: Path) -> None:
     assert _received_when_written(tmp_path, "--buffer", "16M") < 0.5  # 0.01-0.03 measured
     assert _received_when_written(tmp_path) > 0.6  # without it, the producer waits for the network (0.84)
+
+
+def test_a_channel_that_decompresses_is_freed_with_its_last_reference() -> None:
+    """The zstd reader (a C object) holds its source without telling the garbage collector: a source that
+    led back to the channel kept every compressed transfer's channel, TLS session and window for ever."""
+    import gc
+    import weakref
+
+    from sendstream.net.tls import PlainChannel
+
+    ours, theirs = socket.socketpair()
+    with theirs:
+        channel = PlainChannel(ours)
+        channel.decompress()
+        theirs.sendall(zstandard.ZstdCompressor().compress(b"hello"))
+        buf = bytearray(16)
+        assert channel.recv_into(buf) == 5 and buf[:5] == b"hello"
+        channel.close()
+        gone = weakref.ref(channel)
+        del channel
+        gc.collect()
+    assert gone() is None

@@ -18,7 +18,9 @@ would be (TLS close_notify, the session's end frame, the btrfs END).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
+import weakref
 from collections.abc import Callable
 from typing import IO, Any, cast
 
@@ -103,22 +105,21 @@ class Compressor:
 
 
 class Decompressor:
-    """The receiver's side: ``readinto`` fills at most the caller's buffer from what ``recv_into`` brings."""
+    """The receiver's side: ``readinto`` fills at most the caller's buffer from what ``recv_into`` (a
+    channel's method) brings.
+
+    The zstd reader, a C object, holds its source without telling the garbage collector: a source that
+    led back to the channel would make a cycle no collection frees (the channel, its TLS session and the
+    decompression window, at every compressed transfer). So the source is a :class:`_Feed` that holds the
+    channel's method weakly, and nothing of it holds the reader."""
 
     def __init__(self, recv_into: Callable[[memoryview], int]) -> None:
         import zstandard
 
-        self._recv_into = recv_into
         self._error = zstandard.ZstdError
-        self._scratch = memoryview(bytearray(READ_SIZE))
         decompressor = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
-        source = cast("IO[bytes]", self)
+        source = cast("IO[bytes]", _Feed(recv_into))
         self._reader = decompressor.stream_reader(source, read_size=READ_SIZE, read_across_frames=True, closefd=False)
-
-    def read(self, n: int) -> bytes:
-        """What the channel has, for the zstd reader (which calls it)."""
-        got = self._recv_into(self._scratch[: min(n, READ_SIZE)])
-        return bytes(self._scratch[:got])
 
     def readinto(self, buf: Any) -> int:
         """Decompressed bytes, at least one unless the sender's stream ended."""
@@ -126,3 +127,18 @@ class Decompressor:
             return int(self._reader.readinto1(buf))
         except self._error as exc:
             raise SessionError(f"the sender's zstd stream is damaged: {exc}") from None
+
+
+class _Feed:
+    """What a channel has, for the zstd reader (which calls :meth:`read`); the channel is held weakly."""
+
+    def __init__(self, recv_into: Callable[[memoryview], int]) -> None:
+        self._recv_into = weakref.WeakMethod(recv_into) if inspect.ismethod(recv_into) else lambda: recv_into
+        self._scratch = memoryview(bytearray(READ_SIZE))
+
+    def read(self, n: int) -> bytes:
+        recv_into = self._recv_into()
+        if recv_into is None:  # the channel is gone: its stream ended there
+            return b""
+        got = recv_into(self._scratch[: min(n, READ_SIZE)])
+        return bytes(self._scratch[:got])
