@@ -121,6 +121,7 @@ def serve(
     from .net.address import Address
     from .service import config as configuration
     from .service.log import EventLog
+    from .service.memory import settle_malloc
     from .service.server import Service
 
     config = configuration.load(config_path, warn=warn)
@@ -133,6 +134,7 @@ def serve(
         journals(config, remove_journals, list_journals)
     if check_config or remove_journals or list_journals:
         return
+    settle_malloc()  # before any thread: a heap that gives large buffers back (service/memory.py)
     stop, hangup = threading.Event(), threading.Event()
 
     def stopping(signum: int, frame: object) -> None:

@@ -28,7 +28,7 @@ What must hold (the exit status is 1 otherwise, with the failures listed):
 - every sender that failed and was not killed by the soak said why (an error line, non-zero exit);
 - nothing is left in the places but the streams and their manifests;
 - the service's RSS grows less than ``--rss-growth-mb`` (10) from the 50th transfer to the last
-  (the service kills come before the 50th).
+  (the service kills come before the 50th: ``--rss-from``).
 
 Figures are printed at the end (``--json``: one JSON object).
 """
@@ -66,7 +66,6 @@ CMD = [sys.executable, "-m", "sendstream"]
 FULL = REPO / "fixtures" / "rich-full-v2.stream"
 INCR = REPO / "fixtures" / "rich-incr-v2.stream"
 UUID, CTRANSID, CLONE_UUID, CLONE_CTRANSID = 1, 2, 20, 21
-RSS_FROM = 50  # the transfer after which the service's RSS is first read
 
 
 def renamed(template: bytes, subvolume: uuid.UUID, ctransid: int, parent: tuple[uuid.UUID, int] | None) -> bytes:
@@ -149,8 +148,7 @@ class Service:
 
     def start(self) -> None:
         argv = [*CMD, "serve", "--config", str(self.config), "--log-format", "json"]
-        # one malloc arena per thread would make the RSS a figure of the threads, not of what is held
-        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, env=dict(os.environ, MALLOC_ARENA_MAX="2"))
+        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE)  # (serve settles its malloc itself)
         self.starts += 1
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
         self.wait_for(lambda ev: ev.get("event") == "listening", since=len(self.events), seconds=30)
@@ -346,7 +344,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         config = tmp / "serve.toml"
         config.write_text(text)
         transfers = plan(args.transfers, clients, rng)
-        kills = sorted(rng.sample(range(len(clients), min(RSS_FROM, args.transfers)), args.service_kills))
+        kills = sorted(rng.sample(range(len(clients), min(args.rss_from, args.transfers)), args.service_kills))
         service = Service(config, port)
         service.start()
         done_count = 0
@@ -384,7 +382,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                             failures.append(f"transfer {transfer.index}: a failure not reported: exit {code}, {last!r}")
                 with lock:
                     done_count += 1
-                    if done_count == RSS_FROM:
+                    if done_count == args.rss_from:
                         rss["from"] = service.rss()
                     if done_count % 25 == 0:
                         trend.append(round(service.rss() / 1e6, 1))
@@ -403,8 +401,10 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         service.stop()
         failures += check(transfers, tmp / "places")
         growth = rss["to"] - rss.get("from", rss["to"])
-        if growth >= args.rss_growth_mb << 20:
-            failures.append(f"the service's RSS grew by {growth / 1e6:.1f} MB from transfer {RSS_FROM} to the last")
+        if growth >= args.rss_growth_mb * 1_000_000:
+            failures.append(
+                f"the service's RSS grew by {growth / 1e6:.1f} MB from transfer {args.rss_from} to the last"
+            )
         if service.starts != args.service_kills + 1:
             failures.append(f"the service was started {service.starts} times, not {args.service_kills + 1}")
         codes: dict[str, int] = {}
@@ -462,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--service-kills", type=int, default=2)
     parser.add_argument("--rss-growth-mb", type=int, default=10)
+    parser.add_argument("--rss-from", type=int, default=50, help="the transfer after which the RSS is first read")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
