@@ -30,7 +30,7 @@ from support.loopfs import btrfs_loop
 from support.net import CMD, free_port, key_file, wait_listening
 from support.storing import sending, serving
 from support.streams import FIXTURES
-from support.trees import differences
+from support.trees import differences, tree_state
 
 from sendstream import Command, encode_command, encode_stream_header
 from sendstream.net.journal import PART_SUFFIX, load_state
@@ -708,6 +708,215 @@ def test_into_btrfs_receive_no_path_leaves_its_subvolume(tmp_path: Path) -> None
         assert os.readlink(mnt / "beta" / "fine" / "s") == "../../escaped"
         assert sorted(os.listdir(mnt)) == ["beta"] and os.listdir(mnt / "beta") == ["fine"]
         assert any(e["event"] == "btrfs-receive" and e["line"] == "At subvol evil" for e in events(proc))  # begun
+
+
+def _symlink_snapshots(tmp_path: Path) -> tuple[Path, Path]:
+    """A real ``btrfs send`` of a tree whose symlinks lead out of it (``..``, ``../..``, ``/``, absolute
+    targets), and of its child in which directories holding them are renamed and symlinks moved."""
+    streams = tmp_path / "links-full.stream", tmp_path / "links-incr.stream"
+    with btrfs_loop("256M") as src:
+        vol = src / "vol"
+        subprocess.run(["btrfs", "-q", "subvolume", "create", str(vol)], check=True)
+        (vol / "d" / "e").mkdir(parents=True)
+        (vol / "d" / "f").write_bytes(os.urandom(100_000))
+        (vol / "d" / "e" / "g").write_bytes(b"g")
+        for name, target in (("up", ".."), ("root", "/"), ("abs", "/etc/passwd"), ("other", "../other-subvolume")):
+            (vol / name).symlink_to(target)
+        (vol / "d" / "back").symlink_to("../..")
+        (vol / "to-d").symlink_to("d")
+        subprocess.run(["btrfs", "-q", "subvolume", "snapshot", "-r", str(vol), str(src / "one")], check=True)
+        (vol / "d").rename(vol / "D")
+        (vol / "up").rename(vol / "D" / "up")
+        (vol / "D" / "e" / "new").symlink_to("../../..")
+        (vol / "abs").rename(vol / "abs2")
+        (vol / "root").unlink()
+        (vol / "root").mkdir()
+        (vol / "D" / "f").rename(vol / "root" / "f")
+        (vol / "D" / "e" / "g").write_bytes(b"changed")
+        subprocess.run(["btrfs", "-q", "subvolume", "snapshot", "-r", str(vol), str(src / "two")], check=True)
+        subprocess.run(["btrfs", "send", "-q", "-f", str(streams[0]), str(src / "one")], check=True)
+        subprocess.run(
+            ["btrfs", "send", "-q", "-p", str(src / "one"), "-f", str(streams[1]), str(src / "two")], check=True
+        )
+    return streams
+
+
+@pytest.mark.btrfs
+def test_into_btrfs_receive_symlinks_out_of_the_tree_are_received_as_they_are(tmp_path: Path) -> None:
+    """Symlinks to ``..``, ``/`` and absolute paths are backups' everyday content: a real full and incremental
+    ``btrfs send`` of them (directories that hold them renamed, symlinks moved), in two transfers and in
+    one, and the fixtures' absolute and dangling symlinks, are received as a direct ``btrfs receive`` has them."""
+    need_root_btrfs()
+    full, incr = _symlink_snapshots(tmp_path)
+    both = tmp_path / "both.stream"
+    both.write_bytes(full.read_bytes() + incr.read_bytes())
+    with btrfs_loop("512M") as mnt:
+        (mnt / "direct").mkdir()
+        port = free_port()
+        config = _receive_config(tmp_path, mnt, port, ("alpha",))
+        with service(config, port):
+            apart = [send(port, tmp_path, "alpha", stream) for stream in (full, incr, FULL)]
+            assert [r.returncode for r in apart] == [0, 0, 0], [r.stderr for r in apart]
+            received = {sub: tree_state(mnt / "alpha" / sub) for sub in ("one", "two", "rich_base")}
+            for sub in ("one", "two"):
+                subprocess.run(["btrfs", "-q", "subvolume", "delete", str(mnt / "alpha" / sub)], check=True)
+            together = send(port, tmp_path, "alpha", both)  # the child's parent is the input's first subvolume
+        assert together.returncode == 0, together.stderr
+        for stream in (full, incr, FULL):  # (after: the service takes no UUID that a subvolume outside has)
+            subprocess.run(
+                ["btrfs", "receive", "-f", str(stream), str(mnt / "direct")], capture_output=True, check=True
+            )
+        assert received == {sub: tree_state(mnt / "direct" / sub) for sub in received}
+        for sub in ("one", "two"):
+            assert differences(mnt / "direct" / sub, mnt / "alpha" / sub) == []
+        assert os.readlink(mnt / "alpha" / "two" / "D" / "up") == ".."
+        assert os.readlink(mnt / "alpha" / "rich_base" / "link-absolute") == "/etc/passwd"
+
+
+EVIL = uuid.uuid4()
+
+
+def _through(*commands: Command) -> list[Command]:
+    """``commands`` after a subvolume (``EVIL``) with a symlink ``l -> ..`` and a file ``f``."""
+    symlink = Command.build("symlink", [("path", b"l"), ("ino", 257), ("path_link", b"..")])
+    return [_subvol(b"evil", EVIL), symlink, _mkfile(b"f", 258), *commands]
+
+
+def _snapshot_of(parent: uuid.UUID, *commands: Command, name: bytes = b"evil") -> list[Command]:
+    snapshot = [("path", name), ("uuid", uuid.uuid4()), ("ctransid", 9), ("clone_uuid", parent)]
+    return [Command.build("snapshot", [*snapshot, ("clone_ctransid", 7)]), *commands]
+
+
+def _escapes_through_symlinks(parent: uuid.UUID, device: int) -> dict[str, tuple[list[Command], str]]:
+    """Streams whose last command reaches out through a symlink (or into a device): the commands, and the
+    attribute at fault."""
+    build = Command.build
+    at = [("file_offset", 0)]
+    clone = [*at, ("clone_len", 4096), ("clone_uuid", EVIL), ("clone_ctransid", 3), ("clone_offset", 0)]
+    up = [
+        build("symlink", [("path", b"o300-1-0"), ("ino", 300), ("path_link", b"..")]),
+        build("mkdir", [("path", b"o301-1-0"), ("ino", 301)]),
+        build("rename", [("path", b"o300-1-0"), ("path_to", b"o301-1-0/up")]),
+        build("rename", [("path", b"o301-1-0"), ("path_to", b"d")]),
+    ]
+    return {
+        "mkdir": (_through(build("mkdir", [("path", b"l/escaped"), ("ino", 259)])), "path"),
+        "mkfile": (_through(_mkfile(b"l/escaped", 259)), "path"),
+        "symlink": (_through(build("symlink", [("path", b"l/s"), ("ino", 259), ("path_link", b"x")])), "path"),
+        "write": (_through(build("write", [("path", b"l/escaped"), *at, ("data", b"x")])), "path"),
+        "rename": (_through(build("rename", [("path", b"f"), ("path_to", b"l/escaped")])), "path_to"),
+        "link": (_through(build("link", [("path", b"l/escaped"), ("path_link", b"f")])), "path"),
+        "link of": (_through(build("link", [("path", b"g"), ("path_link", b"l/p/serve.toml")])), "path_link"),
+        "unlink": (_through(build("unlink", [("path", b"l/.journal")])), "path"),
+        "chown": (_through(build("chown", [("path", b"l/x"), ("uid", 0), ("gid", 0)])), "path"),
+        "set_xattr": (
+            _through(build("set_xattr", [("path", b"l/x"), ("xattr_name", b"user.x"), ("xattr_data", b"")])),
+            "path",
+        ),
+        "truncate": (_through(build("truncate", [("path", b"l/x"), ("size", 0)])), "path"),
+        "clone": (_through(build("clone", [("path", b"f"), *clone, ("clone_path", b"l/x")])), "clone_path"),
+        "chmod of the symlink": (_through(build("chmod", [("path", b"l"), ("mode", 0o777)])), "path"),
+        "mkfile on a symlink": (
+            [
+                _subvol(b"evil"),
+                build("symlink", [("path", b"m"), ("ino", 257), ("path_link", b"../made")]),
+                _mkfile(b"m", 258),
+            ],
+            "path",
+        ),
+        "renamed twice": (
+            [
+                _subvol(b"evil"),
+                *up,
+                build("rename", [("path", b"d"), ("path_to", b"e")]),
+                build("mkdir", [("path", b"e/up/x"), ("ino", 302)]),
+            ],
+            "path",
+        ),
+        "renamed onto its hard link": (
+            _through(
+                build("link", [("path", b"b"), ("path_link", b"l")]),
+                build("rename", [("path", b"l"), ("path_to", b"b")]),
+                build("mkdir", [("path", b"l/escaped"), ("ino", 259)]),
+            ),
+            "path",
+        ),
+        "a device": (
+            [
+                _subvol(b"evil"),
+                build("mknod", [("path", b"disk"), ("ino", 257), ("mode", stat.S_IFBLK | 0o600), ("rdev", device)]),
+                build("write", [("path", b"disk"), *at, ("data", b"x" * 4096)]),
+            ],
+            "path",
+        ),
+        "the subvolume itself": ([_subvol(b"evil"), build("rmdir", [("path", b"")])], "path"),
+        "the parent's": (_snapshot_of(parent, build("mkdir", [("path", b"up/escaped"), ("ino", 259)])), "path"),
+        "the parent's, renamed": (
+            _snapshot_of(
+                parent,
+                build("rename", [("path", b"d"), ("path_to", b"o259-9-0")]),
+                build("mkdir", [("path", b"o259-9-0/back/escaped"), ("ino", 260)]),
+            ),
+            "path",
+        ),
+        "the parent's, chmod": (_snapshot_of(parent, build("chmod", [("path", b"up"), ("mode", 0o777)])), "path"),
+        "the input's first stream's": (
+            [
+                *_through(),
+                build("end"),
+                *_snapshot_of(EVIL, build("mkdir", [("path", b"l/x"), ("ino", 259)]), name=b"e2"),
+            ],
+            "path",
+        ),
+    }
+
+
+def _chained(*commands: Command) -> bytes:
+    """A version-2 input of ``commands`` and END, a stream header after each END in them."""
+    end = encode_command(Command.build("end"), 2)
+    return (
+        encode_stream_header(2)
+        + b"".join(encode_command(c, 2) + (encode_stream_header(2) if c.name == "end" else b"") for c in commands)
+        + end
+    )
+
+
+@pytest.mark.btrfs
+def test_into_btrfs_receive_no_path_goes_through_a_symlink(tmp_path: Path) -> None:
+    """A path through a symlink of the subvolume (made by the stream, or the parent's), or to one that btrfs
+    receive would follow or open, is refused before btrfs receive sees it: nothing is made, changed or
+    removed in the place, and a device node is never written."""
+    need_root_btrfs()
+    full, _ = _symlink_snapshots(tmp_path)
+    parent = uuid.UUID(stream_identity(full.read_bytes())["uuid"])
+    victim = tmp_path / "victim.img"
+    victim.write_bytes(bytes(1 << 20))
+    loop = subprocess.run(["losetup", "-f", "--show", str(victim)], capture_output=True, text=True, check=True)
+    try:
+        device = os.stat(loop.stdout.strip()).st_rdev
+        with btrfs_loop("512M") as mnt:
+            port = free_port()
+            config = _receive_config(tmp_path, mnt, port, ("beta",))
+            place = mnt / "beta"
+            os.chmod(place, 0o750)
+            with service(config, port):
+                base = send(port, tmp_path, "beta", full)
+                assert base.returncode == 0, base.stderr
+                refused = {}
+                for name, (commands, attribute) in _escapes_through_symlinks(parent, device).items():
+                    (tmp_path / "escape.stream").write_bytes(_chained(*commands))
+                    offset = len(_chained(*commands[:-1])) - len(encode_command(Command.build("end"), 2))
+                    result = send(port, tmp_path, "beta", tmp_path / "escape.stream")
+                    refused[name] = (result, offset, commands[-1].name, attribute)
+            assert sorted(os.listdir(mnt)) == ["beta"] and sorted(os.listdir(place)) == ["one"]
+            assert stat.S_IMODE(os.stat(place).st_mode) == 0o750
+        for name, (result, offset, command, attribute) in refused.items():
+            why = rf"offset {offset}, command #\d+ \({command}\): refused: {command} names a path out of its subvolume"
+            assert result.returncode == 2, (name, result.stderr)
+            assert re.search(rf"{why}: .*\[attribute {attribute}\]".encode(), result.stderr), (name, result.stderr)
+    finally:
+        subprocess.run(["losetup", "-d", loop.stdout.strip()], check=True)
+    assert victim.read_bytes() == bytes(1 << 20)
 
 
 def _logged(proc: subprocess.Popen[bytes], kept: list[dict[str, object]], wanted: dict[str, object]) -> None:
