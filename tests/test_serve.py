@@ -20,14 +20,14 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.btrfs import need_root_btrfs
 from support.loopfs import btrfs_loop
-from support.net import CMD, free_port, key_file, wait_listening
+from support.net import CMD, free_port, key_file, listening, wait_listening
 from support.storing import sending, serving
 from support.streams import FIXTURES
 from support.trees import differences, tree_state
@@ -919,13 +919,15 @@ def test_into_btrfs_receive_no_path_goes_through_a_symlink(tmp_path: Path) -> No
     assert victim.read_bytes() == bytes(1 << 20)
 
 
-def _logged(proc: subprocess.Popen[bytes], kept: list[dict[str, object]], wanted: dict[str, object]) -> None:
-    """Read the service's log (into ``kept``) until an event with the fields ``wanted``."""
+def _logged(
+    proc: subprocess.Popen[bytes], kept: list[dict[str, object]], wanted: dict[str, object], times: int = 1
+) -> None:
+    """Read the service's log (into ``kept``) until ``times`` events with the fields ``wanted`` are in it."""
     assert proc.stderr is not None
     failsafe = threading.Timer(60, proc.kill)  # then the log ends, and so does the wait
     failsafe.start()
     try:
-        while not kept or any(kept[-1].get(k) != v for k, v in wanted.items()):
+        while sum(all(e.get(k) == v for k, v in wanted.items()) for e in kept) < times:
             line = proc.stderr.readline()
             assert line, f"the service ended before {wanted}: {kept}"
             kept.append(json.loads(line))
@@ -1005,6 +1007,48 @@ def test_a_plain_receiver_has_no_list_to_give(tmp_path: Path) -> None:
     )
 
 
+@contextlib.contextmanager
+def _held(port: int, key: Path, data: bytes) -> Iterator[Callable[[], bytes]]:
+    """A transfer of ``data`` (a raw stream through a TLS channel of ``key``'s client ``alpha``) whose first
+    64 KiB are sent and the rest held back: a running transfer until the call given sends the rest (and
+    returns the status line), or the service cuts it."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.settimeout(60)
+    with connect_channel(sock, "tls13-aes128-gcm", load_key(key), "alpha") as channel:
+        channel.send_all(data[: 64 << 10])
+
+        def rest() -> bytes:
+            channel.send_all(data[64 << 10 :])
+            channel.shutdown_write()
+            buf = bytearray(4096)
+            return bytes(buf[: channel.recv_into(buf)])
+
+        yield rest
+
+
+def _until_nothing_listens(port: int) -> None:
+    """Until the service has closed its listening socket (as SIGTERM and Ctrl-C make it)."""
+    deadline = time.monotonic() + 60
+    while listening(port):
+        assert time.monotonic() < deadline, f"port {port} still listens after 60 s"
+        time.sleep(0.02)
+
+
+def _scraped(scrape: int, until: Callable[[dict[str, float]], bool]) -> dict[str, float]:
+    """The samples of the first scrape of which ``until`` holds."""
+    deadline = time.monotonic() + 60
+    while not until(samples := _samples(_scrape(scrape))):
+        assert time.monotonic() < deadline, samples
+    return samples
+
+
+def _scrape(scrape: int) -> str:
+    return str(urllib.request.urlopen(f"http://127.0.0.1:{scrape}/metrics", timeout=10).read().decode())
+
+
+ACTIVE = 'sendstream_active_transfers{client="alpha"}'
+
+
 def test_metrics_are_scraped_over_http(tmp_path: Path) -> None:
     pytest.importorskip("prometheus_client", reason="serve --metrics needs prometheus_client (the test extra has it)")
     port, scrape = free_port(), free_port()
@@ -1018,22 +1062,21 @@ def test_metrics_are_scraped_over_http(tmp_path: Path) -> None:
         damaged = bytearray(FULL.read_bytes())
         damaged[len(damaged) // 2] ^= 0xFF
         raw_tls_send(port, tmp_path / "keys" / "alpha.key", "alpha", bytes(damaged))
-        slow = threading.Thread(target=send, args=(port, tmp_path, "alpha", big, "--rate-limit", "400K"))
-        slow.start()
-        time.sleep(1.0)
-        during = urllib.request.urlopen(f"http://127.0.0.1:{scrape}/metrics", timeout=10).read().decode()
-        assert send(port, tmp_path, "alpha", FULL).returncode == 4  # busy
-        slow.join(60)
-        after = urllib.request.urlopen(f"http://127.0.0.1:{scrape}/metrics", timeout=10).read().decode()
-    assert _samples(during)['sendstream_active_transfers{client="alpha"}'] == 1
-    samples = _samples(after)
+        with _held(port, tmp_path / "keys" / "alpha.key", big.read_bytes()) as rest:
+            _logged(proc, [], {"event": "transfer"}, times=4)  # the fourth transfer runs: the held one
+            during = _samples(_scrape(scrape))
+            assert send(port, tmp_path, "alpha", FULL).returncode == 4  # busy
+            told = rest()
+        samples = _scraped(scrape, lambda samples: samples[ACTIVE] == 0)  # the held one has ended
+    assert told.startswith(b"sendstream-status 0 "), told
+    assert during[ACTIVE] == 1
     size = FULL.stat().st_size + INCR.stat().st_size + big.stat().st_size
     assert {k: v for k, v in samples.items() if "last_success" not in k} == {
         'sendstream_transfers_total{client="alpha",result="ok"}': 3,
         'sendstream_transfers_total{client="alpha",result="failed"}': 1,
         'sendstream_transfers_total{client="alpha",result="busy"}': 1,
         'sendstream_received_bytes_total{client="alpha"}': size,
-        'sendstream_active_transfers{client="alpha"}': 0,
+        ACTIVE: 0,
     }
     last = {k: v for k, v in samples.items() if "last_success" in k}
     assert sorted(last) == [
@@ -1055,43 +1098,37 @@ def test_sigterm_lets_a_running_transfer_end_and_takes_no_new_one(tmp_path: Path
     config = write_config(tmp_path, port, clients=("alpha",))
     big = tmp_path / "big.stream"
     big.write_bytes(FULL.read_bytes() * 6)
+    log: list[dict[str, object]] = []
     with service(config, port) as proc:
-        slow: list[subprocess.CompletedProcess[bytes]] = []
-        sender = threading.Thread(
-            target=lambda: slow.append(send(port, tmp_path, "alpha", big, "--rate-limit", "600K"))
-        )
-        sender.start()
-        time.sleep(1.0)
-        proc.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
-        late = send(port, tmp_path, "alpha", FULL)
-        sender.join(60)
+        with _held(port, tmp_path / "keys" / "alpha.key", big.read_bytes()) as rest:
+            _logged(proc, log, {"event": "transfer"})  # it runs
+            proc.send_signal(signal.SIGTERM)
+            _until_nothing_listens(port)
+            late = send(port, tmp_path, "alpha", FULL)
+            told = rest()
         proc.wait(60)
-    assert slow[0].returncode == 0, slow[0].stderr  # the running transfer ended well
+    assert told.startswith(b"sendstream-status 0 "), told  # the running transfer ended well
     assert late.returncode == 4 and b"connection refused" in late.stderr, late.stderr
     assert proc.returncode == 0
-    log = events(proc)
+    log += events(proc)
     assert [e["event"] for e in log][-2:] == ["stored", "stopped"]
     assert stored(tmp_path, "alpha")[name_of(big)] == big.read_bytes()
 
 
 def test_a_second_ctrl_c_ends_a_draining_service_at_once(tmp_path: Path) -> None:
-    """The first Ctrl-C drains (running transfers may end); the second one stops the service there (its
-    cleanup bounded in time)."""
+    """The first Ctrl-C drains (running transfers may end); the second one stops the service there, its
+    running transfer cut (not after the drain, which would end with 0 and "stopped")."""
     port = free_port()
     config = write_config(tmp_path, port, clients=("alpha",))
     big = tmp_path / "big.stream"
-    big.write_bytes(FULL.read_bytes() * 20)  # 5.6 MB: 14 s at 400K/s
-    with service(config, port) as proc:
-        sender = threading.Thread(target=send, args=(port, tmp_path, "alpha", big, "--rate-limit", "400K"))
-        sender.start()
-        time.sleep(1.0)
+    big.write_bytes(FULL.read_bytes() * 20)
+    with service(config, port) as proc, _held(port, tmp_path / "keys" / "alpha.key", big.read_bytes()):
+        _logged(proc, [], {"event": "transfer"})  # it runs, and never ends on its own: the rest is held
         proc.send_signal(signal.SIGINT)
-        time.sleep(1.0)
+        _until_nothing_listens(port)
         assert proc.poll() is None, "the first Ctrl-C lets the running transfer go on"
         proc.send_signal(signal.SIGINT)
-        proc.wait(5)
-        sender.join(60)
+        proc.wait(60)
     assert proc.returncode == 130
     assert proc.stderr is not None
     assert proc.stderr.read().endswith(b"sendstream: interrupted\n")
