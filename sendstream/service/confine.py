@@ -4,7 +4,10 @@
 so a ``..`` would reach out of the subvolume into the client's place (its
 ``--chroot``). :class:`UuidGuard` sees every command before it goes on and
 refuses ``..``, an absolute path and a NUL in every path of every command
-(a symlink's target aside: it may say anything).
+(a symlink's target aside: it may say anything), and through each
+subvolume's :class:`~sendstream.analysis.symlinks.SymlinkTracker` a path
+through a symlink, or to one (or a device) that ``btrfs receive`` would
+follow or open. An incremental stream's parent is read on disk for that.
 
 ``btrfs receive`` finds a SNAPSHOT's parent and a CLONE's source by UUID
 (received UUID first, then UUID) across the whole file system, not in the
