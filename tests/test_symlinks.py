@@ -198,6 +198,17 @@ CASES = {
         [("symlink", b"l", b".."), ("link", b"b", b"l"), ("rename", b"l", b"b"), ("mkdir", b"l/a")],
         "refused 3",
     ),
+    "a symlink renamed onto another, then a directory renamed to its old name": (
+        {},
+        [
+            *[("symlink", name, b"..") for name in (b"a", b"b")],
+            ("rename", b"a", b"b"),
+            ("mkdir", b"l"),
+            ("rename", b"l", b"a"),
+            ("mkdir", b"a/a"),
+        ],
+        "done",
+    ),
     "the parent's symlink renamed away and back": (
         {b"a": "dir", b"a/l": ".."},
         [("rename", b"a", b"b"), ("rename", b"b/l", b"l"), ("mkdir", b"a"), ("mkdir", b"l/a")],
