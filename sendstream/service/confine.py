@@ -4,7 +4,10 @@
 so a ``..`` would reach out of the subvolume into the client's place (its
 ``--chroot``). :class:`UuidGuard` sees every command before it goes on and
 refuses ``..``, an absolute path and a NUL in every path of every command
-(a symlink's target aside: it may say anything).
+(a symlink's target aside: it may say anything), and through each
+subvolume's :class:`~sendstream.analysis.symlinks.SymlinkTracker` a path
+through a symlink, or to one (or a device) that ``btrfs receive`` would
+follow or open. An incremental stream's parent is read on disk for that.
 
 ``btrfs receive`` finds a SNAPSHOT's parent and a CLONE's source by UUID
 (received UUID first, then UUID) across the whole file system, not in the
@@ -33,10 +36,21 @@ import re
 import stat
 import struct
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 from uuid import UUID
 
 from .. import errors as e
+from ..analysis.paths import MAX_NAMES
+from ..analysis.symlinks import (
+    ABSENT,
+    DIR,
+    PLAIN,
+    SPECIAL,
+    SYMLINK,
+    Base,
+    Budget,
+    SymlinkTracker,
+)
 from ..codec.attributes import split_attributes
 from ..extract.tree import PATH_MAX, split_path
 from ..format.command import Command
@@ -63,6 +77,7 @@ _NAMED = {_SUBVOL, _SNAPSHOT, _LINK}  # a SUBVOL's and SNAPSHOT's path is their 
 # A fast path for most paths: plain names, none that starts with a dot or is longer than NAME_MAX; any
 # other path is judged by split_path (which takes ".profile", and refuses "..")
 _PLAIN = re.compile(rb"(?:[^/\0.][^/\0]{0,254}/)*[^/\0.][^/\0]{0,254}|")
+_KINDS = {stat.S_IFREG: PLAIN, stat.S_IFDIR: DIR, stat.S_IFLNK: SYMLINK}
 _INO_LOOKUP = 0xD0009412  # BTRFS_IOC_INO_LOOKUP: _IOWR(0x94, 18, struct btrfs_ioctl_ino_lookup_args), 4096 bytes
 _TREE_SEARCH = 0xD0009411  # BTRFS_IOC_TREE_SEARCH: _IOWR(0x94, 17, struct btrfs_ioctl_search_args), 4096 bytes
 _SEARCH_KEY = struct.Struct("<7Q3I36x")  # btrfs_ioctl_search_key: tree, objectid, offset, transid ranges, types, count
@@ -76,6 +91,7 @@ _FIRST_FREE_OBJECTID = 256  # the inode of a subvolume's root directory, and the
 _LAST_FREE_OBJECTID = 2**64 - 256
 _READONLY = 1  # BTRFS_ROOT_SUBVOL_RDONLY
 _MAX = 2**64 - 1
+_NOT_OURS = "is not this client's"
 _UNIQUE = "a UUID no subvolume outside this client's place has"
 
 
@@ -114,6 +130,7 @@ class Subvolumes:
     all: dict[int, Subvolume]
     own: set[UUID]
     foreign: dict[UUID, int]
+    names: dict[int, str]  # of those directly in the place, by ID
 
     def where(self, found: UUID) -> str:
         """The path (from the file system's top level, escaped) of the foreign subvolume that has ``found``."""
@@ -157,7 +174,7 @@ def placed(place: str) -> tuple[dict[str, Subvolume], dict[int, Subvolume]]:
 def subvolumes(place: str) -> Subvolumes:
     """The subvolumes of ``place``'s file system, the place's own apart."""
     mine, everything = placed(place)
-    ids = {s.id for s in mine.values()}
+    ids = {s.id: name for name, s in mine.items()}
     own: set[UUID] = set()
     foreign: dict[UUID, int] = {}
     for s in everything.values():
@@ -167,7 +184,7 @@ def subvolumes(place: str) -> Subvolumes:
                     own.add(found)
                 else:
                     foreign[found] = s.id
-    return Subvolumes(place, everything, own, foreign)
+    return Subvolumes(place, everything, own, foreign, ids)
 
 
 def leftover(path: str, subvolume: UUID) -> bool:
@@ -185,6 +202,22 @@ def leftover(path: str, subvolume: UUID) -> bool:
     if left.received_uuid is None:
         return not left.readonly
     return left.received_uuid == subvolume
+
+
+def lstat_kinds(fd: int, shown: str) -> Base:
+    """The kinds of the paths below the directory ``fd`` (a read-only subvolume, ``shown`` in errors), as
+    ``lstat`` tells them."""
+
+    def kind(path: bytes) -> int:
+        try:
+            mode = os.lstat(path, dir_fd=fd).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            return ABSENT
+        except OSError as exc:
+            raise e.OutputError(shown, f"cannot read {e.shown(path)!r} in it: {exc.strerror}") from None
+        return _KINDS.get(stat.S_IFMT(mode), SPECIAL)
+
+    return kind
 
 
 def subvolumes_of(
@@ -267,14 +300,22 @@ class UuidGuard:
     ``claim(uuid, name)`` is asked for each stream's own subvolume (its UUID,
     and its name in the place: one path component) and may refuse it by
     raising (another transfer holds that UUID or name now, or the name is
-    taken); then the file system is read (:func:`subvolumes`).
+    taken); then the file system is read (:func:`subvolumes`). Every path
+    goes through the :class:`~sendstream.analysis.symlinks.SymlinkTracker`
+    of its subvolume; a parent or clone source on disk is read through a
+    directory descriptor, closed when the guard is left (``with``).
     """
 
-    def __init__(self, place: str, claim: Callable[[UUID, str], object]) -> None:
+    def __init__(self, place: str, claim: Callable[[UUID, str], object], max_names: int = MAX_NAMES) -> None:
         self.place = place
         self._claim = claim
         self._seen: Subvolumes | None = None
-        self._made: set[UUID] = set()  # the subvolumes of this input's earlier streams
+        self._budget = Budget(max_names, "UuidGuard's max_names")
+        self._tracker: SymlinkTracker | None = None  # of the subvolume being received
+        self._made: dict[UUID, SymlinkTracker] = {}  # the subvolumes of this input's earlier streams
+        self._made_names: set[str] = set()
+        self._sources: dict[UUID, SymlinkTracker] = {}  # clone sources on disk, read since the subvolume began
+        self._fds: dict[int, int] = {}  # of subvolumes on disk, by ID
         self._current: UUID | None = None
         self._version = 0
         self.offset = 0  # of the output
@@ -284,8 +325,6 @@ class UuidGuard:
         view = memoryview(data).cast("B")
         if view[: len(STREAM_MAGIC)] == STREAM_MAGIC:
             self._version = STREAM_HEADER.unpack_from(view)[1]
-            if self._current is not None:
-                self._made.add(self._current)  # a later stream of the input may build on it
             self.offset += len(view)
             return
         pos, stop = 0, A_DATA if self._version >= 2 else -1  # (a version-2 DATA has no length: it runs to the end)
@@ -296,40 +335,70 @@ class UuidGuard:
             start = at = pos + COMMAND_HEADER_SIZE
             end = start + length
             paths = _PATHS if cmd not in _NAMED else _LINK_PATHS if cmd == _LINK else ()
+            named = {}  # the paths, the last of each attribute as btrfs receive takes it
             while end - at >= TLV_HEADER_SIZE:
                 number, size = attribute_at(view, at)
                 if number == stop:
                     break
                 at += TLV_HEADER_SIZE
-                if number in paths and (size >= PATH_MAX or plain(view[at : at + size]) is None):
-                    self._path(bytes(view[at : at + size]), cmd, number, self.offset + pos)
+                if number in paths:
+                    value = named[number] = bytes(view[at : at + size])
+                    if size >= PATH_MAX or plain(value) is None:
+                        self._path(value, cmd, number, self.offset + pos)
                 at += size
+            source = None
             if cmd in _WATCHED:
                 attrs = split_attributes(view, start, end, self._version, self.index, None)
                 command = Command(cmd, attrs, version=self._version)
                 if cmd != _CLONE:
                     self._subvolume(command, self.offset + pos)
                 if cmd != _SUBVOL:
-                    self._source(command, self.offset + pos)
+                    source = self._source(command, self.offset + pos)
+            if named:
+                self._follow(cmd, named, source, self.offset + pos)
             pos = end
         if pos != len(view):  # the healer writes whole commands: anything else would go unchecked
             raise e.UsageError(f"the UUID guard got part of a command at output offset {self.offset + len(view)}")
         self.offset += len(view)
 
+    def __enter__(self) -> UuidGuard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Close the descriptors of the subvolumes read on disk."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def _follow(self, cmd: int, named: dict[int, bytes], source: SymlinkTracker | None, offset: int) -> None:
+        """Give the command's paths to its subvolume's tracker, which refuses a path through a symlink."""
+        try:
+            if self._tracker is None:
+                raise e.UnsafePath("it comes before the stream's subvolume", expected="a SUBVOL or SNAPSHOT first")
+            self._tracker.feed(cmd, named, source)
+        except e.UnsafePath as exc:
+            number = ATTRIBUTE_NUMBERS[exc.attribute or "path"]
+            self._refused(exc, named.get(number, b""), cmd, number, offset)
+        except e.LimitExceeded as exc:
+            exc.offset, exc.index, exc.command = offset, self.index, command_name(cmd)
+            raise
+
     def _path(self, value: bytes, cmd: int, number: int, offset: int) -> None:
         """Refuse a path that :func:`~sendstream.extract.tree.split_path` refuses."""
-        name = attribute_name(number)
         try:
-            split_path(value, what=name.replace("_", " "))
+            split_path(value, what=attribute_name(number).replace("_", " "))
         except e.UnsafePath as exc:
-            raise Refused(
-                f"{command_name(cmd)} names a path out of its subvolume: {exc.message} ('{e.shown(value)}')",
-                offset=offset,
-                index=self.index,
-                command=command_name(cmd),
-                attribute=name,
-                expected=exc.expected,
-            ) from None
+            self._refused(exc, value, cmd, number, offset)
+
+    def _refused(self, exc: e.UnsafePath, value: bytes, cmd: int, number: int, offset: int) -> NoReturn:
+        raise Refused(
+            f"{command_name(cmd)} names a path out of its subvolume: {exc.message} ('{e.shown(value)}')",
+            offset=offset,
+            index=self.index,
+            command=command_name(cmd),
+            attribute=attribute_name(number),
+            expected=exc.expected,
+        ) from None
 
     def _subvolume(self, command: Command, offset: int) -> None:
         subvolume = command.get("uuid")
@@ -344,28 +413,77 @@ class UuidGuard:
                 expected="one path component",
                 actual=name,
             )
+        if self._current is not None and self._tracker is not None:
+            self._made[self._current] = self._tracker  # a later subvolume of the input may build on it
         self._claim(subvolume, os.fsdecode(name))
         self._current = subvolume
+        self._made_names.add(os.fsdecode(name))
+        self._tracker = SymlinkTracker(None, self._budget) if command.cmd == _SUBVOL else None
+        self._sources.clear()
         self._seen = subvolumes(self.place)  # after the claim: what another transfer received meanwhile too
         if subvolume in self._seen.foreign:
-            self._refuse(command, offset, "uuid", subvolume, _UNIQUE, self._seen.where(subvolume))
+            self._refuse(command, offset, "uuid", subvolume, _UNIQUE, _outside(self._seen.where(subvolume)))
 
-    def _source(self, command: Command, offset: int) -> None:
+    def _source(self, command: Command, offset: int) -> SymlinkTracker:
+        """The parent of a SNAPSHOT (its tracker is begun on it) or the source of a CLONE: one of this
+        client's subvolumes, as ``btrfs receive`` finds it (by received UUID, else by UUID)."""
         source = command.get("clone_uuid")
-        if source == self._current and command.cmd == _CLONE:
-            return
+        if command.cmd == _CLONE:
+            if source == self._current and self._tracker is not None:
+                return self._tracker
+            if source in self._sources:
+                return self._sources[source]
         seen = self._seen = self._seen or subvolumes(self.place)
+        what = "its parent" if command.cmd == _SNAPSHOT else "a clone source"
+        ours = f"{what} among this client's own subvolumes"
         if source not in seen.own and source not in self._made:
-            what = "its parent" if command.cmd == _SNAPSHOT else "a clone source"
-            self._refuse(command, offset, "clone_uuid", source, f"{what} among this client's own subvolumes")
+            self._refuse(command, offset, "clone_uuid", source, ours)
         if source in seen.foreign:
-            self._refuse(command, offset, "clone_uuid", source, _UNIQUE, seen.where(source))
+            self._refuse(command, offset, "clone_uuid", source, _UNIQUE, _outside(seen.where(source)))
+        mine = [s for s in seen.all.values() if s.id in seen.names and seen.names[s.id] not in self._made_names]
+        found = [s for s in mine if s.received_uuid == source] or [s for s in mine if s.uuid == source]
+        if len(found) + (source in self._made) > 1:
+            names = [e.escaped(seen.names[s.id]) for s in found] + (
+                ["one of this input"] if source in self._made else []
+            )
+            whose = f"more than one subvolume of this client's has ({', '.join(names)})"
+            self._refuse(command, offset, "clone_uuid", source, f"{what}: one subvolume", whose)
+        base: Base
+        if source in self._made:
+            tracker = self._made[source]
+            base = tracker.kind
+        elif not found:
+            self._refuse(command, offset, "clone_uuid", source, ours)
+        elif not found[0].readonly:
+            self._refuse(command, offset, "clone_uuid", source, f"{what}: a read-only subvolume", "is not read-only")
+        else:
+            base = self._on_disk(found[0], seen.names[found[0].id])
+            tracker = SymlinkTracker(base, self._budget)
+        if command.cmd == _SNAPSHOT:
+            self._tracker = SymlinkTracker(base, self._budget)
+        else:
+            self._sources[source] = tracker
+        return tracker
+
+    def _on_disk(self, subvolume: Subvolume, name: str) -> Base:
+        """The kinds of the paths of ``subvolume`` (``name`` in the place, read-only), read by ``lstat``."""
+        fd = self._fds.get(subvolume.id)
+        path = os.path.join(self.place, name)
+        if fd is None:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                self._fds[subvolume.id] = fd
+                if _ino_lookup(fd, 0, _FIRST_FREE_OBJECTID)[0] != subvolume.id:
+                    raise OSError(0, "it is another subvolume now")
+            except OSError as exc:
+                raise e.OutputError(path, f"cannot read the subvolume: {exc.strerror}") from None
+
+        return lstat_kinds(fd, path)
 
     def _refuse(
-        self, command: Command, offset: int, attribute: str, value: UUID, expected: str, where: str | None = None
-    ) -> None:
-        """Refuse ``command`` for the UUID ``value``: not this client's, or also that of the subvolume ``where``."""
-        whose = f"the subvolume {where} outside this client's place has too" if where else "is not this client's"
+        self, command: Command, offset: int, attribute: str, value: UUID, expected: str, whose: str = _NOT_OURS
+    ) -> NoReturn:
+        """Refuse ``command`` for the UUID ``value``: ``whose`` says why (not this client's, by default)."""
         raise Refused(
             f"{command.name} names subvolume {value}, which {whose}",
             offset=offset,
@@ -375,3 +493,7 @@ class UuidGuard:
             expected=expected,
             actual=str(value),
         )
+
+
+def _outside(where: str) -> str:
+    return f"the subvolume {where} outside this client's place has too"

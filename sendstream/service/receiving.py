@@ -60,7 +60,7 @@ def receive_into(
     guard = UuidGuard(client.place, claimed)
     command = shlex.join(["btrfs", "receive", "--chroot", client.place])
     try:
-        with ChildSink(command, stderr=say, stdout_too=True) as child:
+        with ChildSink(command, stderr=say, stdout_too=True) as child, guard:
 
             def replay(data: Any) -> None:
                 guard(data)
