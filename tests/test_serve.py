@@ -1840,3 +1840,25 @@ def test_a_service_killed_mid_transfer_removes_what_it_left_when_it_starts_again
     assert [e.get("temporaries") for e in log if e["event"] == "removed"] == [1], log
     assert not [p for p in place.iterdir() if p.name.startswith(".incoming.stream.")]
     assert [p.name for p in place.glob(".*.incoming.part")], sorted(p.name for p in place.iterdir())
+
+
+def test_a_transfer_lets_go_of_its_place_in_the_limits_before_its_sender_hears_the_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client at ``max_per_client = 1`` may send its next stream as soon as it heard that the last one is
+    stored: the service's cleanup after the answer (held here until the second send is done) holds no place."""
+    from sendstream.net.session.receiver import SessionReceiver
+
+    later, closing = threading.Event(), SessionReceiver.close
+
+    def close(self: SessionReceiver) -> None:
+        later.wait(120)
+        closing(self)
+
+    monkeypatch.setattr(SessionReceiver, "close", close)
+    with serving(tmp_path, "max_per_client = 1") as (port, _):
+        first = subprocess.run(sending(port, tmp_path, FULL, "--retries", "0"), capture_output=True, timeout=120)
+        second = subprocess.run(sending(port, tmp_path, INCR, "--retries", "0"), capture_output=True, timeout=120)
+        later.set()
+    assert first.returncode == 0, first.stderr
+    assert second.returncode == 0, second.stderr

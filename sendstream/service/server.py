@@ -23,8 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import errors as e
-from ..archive.store import Location, connect
-from ..archive.upload import upload
+from ..archive.store import connect
 from ..io.threads import started
 from ..net.address import listen
 from ..net.journal import PART_SUFFIX
@@ -43,7 +42,7 @@ from .log import EventLog
 from .metrics import Metrics, NoMetrics
 from .openings import speaks_tls, unencrypted, why_revoked
 from .receiving import receive_into
-from .storing import store
+from .storing import archive_into, store
 
 DRAIN_SECONDS = 30.0  # after SIGTERM, how long running transfers may take to end before they are cut
 SWEEP_SECONDS = 3600.0  # how often the places are searched for expired journals (and once at start)
@@ -226,15 +225,20 @@ class Service:
             try:
                 work(slot)
             finally:
+                self._leave(slot)
                 with self._lock:
-                    mine = self._active[slot.client.identity]
-                    mine.discard(slot)
-                    if not mine and slot.client.identity not in self.config.clients:
-                        del self._active[slot.client.identity]  # a removed client's last
                     self._threads.discard(threading.current_thread())
 
         with self._lock:
             self._threads.add(started(run))
+
+    def _leave(self, slot: _Slot) -> None:
+        """``slot`` no longer counts against the limits (again: nothing)."""
+        with self._lock:
+            mine = self._active.get(slot.client.identity, set())
+            mine.discard(slot)
+            if not mine and slot.client.identity not in self.config.clients:
+                self._active.pop(slot.client.identity, None)  # a removed client's last
 
     def _list(self, slot: _Slot) -> None:
         """Answer a client's :class:`~sendstream.net.session.protocol.ListRequest`: its snapshots, its own only."""
@@ -261,6 +265,14 @@ class Service:
         claims = self._claims.holding(client)
         already = False  # a stored stream sent again
         journal, charge = None, None
+
+        def release() -> None:
+            """What the transfer held, let go before its sender hears the end (it may send again at once)."""
+            if charge is not None:
+                charge.end()
+            claims.release()
+            self._leave(slot)
+
         try:
             checkpoint = None
             if opening.identity is not None and not client.archive:  # (a bucket keeps no journal)
@@ -286,12 +298,13 @@ class Service:
             resumed = {"resumed": checkpoint.offset} if checkpoint else {}
             self.log("transfer", **fields, compressed=opening.channel.compressed, **resumed)
             if client.archive:
-                name, size, names = self._archive(session, client, opening.peer)
+                name, size, names = archive_into(session, client, opening.peer, self._bucket())
             elif client.receive:
                 child = {"say": lambda line: self.log("btrfs-receive", **fields, line=line)}
                 name, size, names = receive_into(session, client, claims.subvolume, checkpoint, charge, **child)
             else:
                 name, size, names, already = store(session, client, opening.peer, checkpoint, charge)
+            release()
             session.answer(0, f"already stored: {name} holds these same bytes" if already else "ok")
             result = "ok"
             done = {"subvolumes": name} if client.receive else {"stream": name}
@@ -308,6 +321,7 @@ class Service:
             if charge is not None and charge.exceeded and journal is not None:
                 remove(journal)  # the same stream again would pass the quota again
             code, message = failure_status(exc)
+            release()
             if session is not None:
                 with contextlib.suppress(Exception):
                     session.answer(code, message)
@@ -318,24 +332,16 @@ class Service:
             self.log("failed", **fields, seconds=round(time.monotonic() - began, 3), code=code, reason=reason)
         finally:
             self.metrics.ended(client.identity, result, size, names)
-            if charge is not None:
-                charge.end()
-            claims.release()
+            release()
             if session is not None:
                 session.close()
 
-    def _archive(self, session: SessionReceiver, client: Client, peer: str) -> tuple[str, int, tuple[str, ...]]:
-        """Check the stream of ``session`` and archive it in ``client``'s bucket (as ``send --to s3://``)."""
+    def _bucket(self) -> Any:
+        """The store's client: one for every transfer into a bucket (it is safe across threads)."""
         with self._lock:
             if self._s3 is None:
-                self._s3 = connect()  # one client for every transfer: it is safe across threads
-        location = Location.parse(client.place)
-        done = upload(
-            session,  # type: ignore[arg-type]
-            location, self._s3, wrote=session.wrote, client=client.identity, peer=peer,
-        )  # fmt: skip
-        session.commit()
-        return done.url.rsplit("/", 1)[1], done.size, (done.snapshot,) if done.snapshot else ()
+                self._s3 = connect()
+            return self._s3
 
     def _drain(self) -> None:
         deadline = time.monotonic() + DRAIN_SECONDS

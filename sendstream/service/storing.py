@@ -10,6 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import errors as e
+from ..archive.store import Location
+from ..archive.upload import upload
 from ..io.outputs import OutputDirectory, OutputFile
 from ..net.journal import Journal
 from ..net.progress import NONE, Progress
@@ -179,3 +181,14 @@ def _note(place: OutputDirectory, record: bytes, shown: str) -> str:
         place.unlink(note)
         raise
     return note
+
+
+def archive_into(session: SessionReceiver, client: Client, peer: str, s3: Any) -> tuple[str, int, tuple[str, ...]]:
+    """Check the stream of ``session`` and archive it in ``client``'s bucket through ``s3`` (as ``send --to
+    s3://``); its name, size and snapshot."""
+    done = upload(
+        session,  # type: ignore[arg-type]
+        Location.parse(client.place), s3, wrote=session.wrote, client=client.identity, peer=peer,
+    )  # fmt: skip
+    session.commit()
+    return done.url.rsplit("/", 1)[1], done.size, (done.snapshot,) if done.snapshot else ()

@@ -94,14 +94,16 @@ class Log(io.StringIO):
 
 
 @contextlib.contextmanager
-def serving(tmp_path: Path) -> Iterator[tuple[int, Log]]:
+def serving(tmp_path: Path, extra: str = "") -> Iterator[tuple[int, Log]]:
     """``sendstream serve`` in this process, in a thread, for the client ``alpha`` (its key ``alpha.key``),
-    storing into ``places/alpha``: its port and its event log."""
+    storing into ``places/alpha`` (``extra``: more settings of the service): its port and its event log."""
     port = free_port()
     key_file(tmp_path / "alpha.key")
     (tmp_path / "places" / "alpha").mkdir(parents=True)
     config = tmp_path / "serve.toml"
-    config.write_text(f'listen = "127.0.0.1:{port}"\n[clients.alpha]\nkey = "alpha.key"\nstore = "places/alpha"\n')
+    config.write_text(
+        f'listen = "127.0.0.1:{port}"\n{extra}\n[clients.alpha]\nkey = "alpha.key"\nstore = "places/alpha"\n'
+    )
     log, stop = Log(), threading.Event()
     thread = threading.Thread(target=Service(load(str(config)), EventLog(log, "json")).run, args=(stop,))
     thread.start()
