@@ -222,7 +222,9 @@ def test_a_wrong_key_is_named_with_both_fingerprints(tmp_path: Path) -> None:
 def test_a_refused_connection_names_the_address() -> None:
     port = free_port()
     plain = subprocess.run(
-        [*CMD, "send", "--to", f"127.0.0.1:{port}", str(SAMPLE), "--tls", "none", "-q"], capture_output=True, env=ENV
+        [*CMD, "send", "--to", f"127.0.0.1:{port}", str(SAMPLE), "--tls", "none", "-q", "--retries", "0"],
+        capture_output=True,
+        env=ENV,
     )
     assert plain.returncode == 4
     assert plain.stderr.endswith(
@@ -489,8 +491,8 @@ def test_every_command_given_bad_input_says_one_line_and_exits_with_its_code(pat
 def test_every_command_given_a_closed_port_says_where(tmp_path: Path) -> None:
     port = free_port()
     for args in (
-        ["send", "--to", f"127.0.0.1:{port}", str(SAMPLE), "--tls", "none"],
-        ["send", "--to", f"127.0.0.1:{port}", str(SAMPLE), "--key", str(key_file(tmp_path / "k"))],
+        ["send", "--to", f"127.0.0.1:{port}", str(SAMPLE), "--tls", "none", "--retries", "0"],
+        ["send", "--to", f"127.0.0.1:{port}", str(SAMPLE), "--key", str(key_file(tmp_path / "k")), "--retries", "0"],
     ):
         result = subprocess.run([*CMD, *args], capture_output=True, env=ENV, timeout=30)
         err = result.stderr.decode()

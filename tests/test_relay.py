@@ -225,7 +225,7 @@ def test_an_unreachable_receiver_is_reported_to_the_sender(key: Path) -> None:
     port, nobody = free_port(), free_port()
     keys = ["--listen-key", str(key), "--to-key", str(key)]
     relay = subprocess.Popen(
-        [*CMD, "relay", "--listen", f"127.0.0.1:{port}", "--to", f"127.0.0.1:{nobody}", *keys],
+        [*CMD, "relay", "--listen", f"127.0.0.1:{port}", "--to", f"127.0.0.1:{nobody}", *keys, "--retries", "0"],
         stderr=subprocess.PIPE,
     )
     try:

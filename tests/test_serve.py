@@ -1112,7 +1112,7 @@ def test_sigterm_lets_a_running_transfer_end_and_takes_no_new_one(tmp_path: Path
             _logged(proc, log, {"event": "transfer"})  # it runs
             proc.send_signal(signal.SIGTERM)
             _until_nothing_listens(port)
-            late = send(port, tmp_path, "alpha", FULL)
+            late = send(port, tmp_path, "alpha", FULL, "--retries", "0")
             told = rest()
         proc.wait(60)
     assert told.startswith(b"sendstream-status 0 "), told  # the running transfer ended well
