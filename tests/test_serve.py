@@ -28,7 +28,7 @@ import pytest
 from support.btrfs import need_root_btrfs
 from support.loopfs import btrfs_loop
 from support.net import CMD, free_port, key_file, listening, wait_listening
-from support.storing import sending, serving
+from support.storing import running, sending, serving
 from support.streams import FIXTURES
 from support.trees import differences, tree_state
 
@@ -1371,18 +1371,12 @@ def test_journals_expire_by_the_services_clock(tmp_path: Path) -> None:
             pass
 
     now = time.time()
-    stop = threading.Event()
     served = Service(load(str(config)), EventLog(Lines(), "json"), clock=lambda: now)  # type: ignore[arg-type]
-    thread = threading.Thread(target=served.run, args=(stop,))
-    thread.start()
-    try:
+    with running(served):
         seen = [lines.get(timeout=30) for _ in range(2)]
         assert [e["event"] for e in seen] == ["client", "listening"]
         now += 2 * 86400 + SWEEP_SECONDS
         expired = lines.get(timeout=30)
-    finally:
-        stop.set()
-        thread.join()
     assert expired["event"] == "expired" and expired["journal"] == name and float(expired["days"]) >= 2, expired
     assert not _journal_files(place)
 
@@ -1564,25 +1558,20 @@ def test_limits_hold_for_transfers_and_lists_that_connect_at_once(tmp_path: Path
             super()._list(*args)
 
     lines = io.StringIO()
-    stop = threading.Event()
-    held = Held(load(str(config)), EventLog(lines, "json"))
-    running = threading.Thread(target=held.run, args=(stop,))
-    running.start()
-    try:
-        wait_listening(port)
-        jobs: list[tuple[str, tuple[str, ...]]] = [(c, ()) for c in ("alpha", "beta", "gamma") for _ in range(2)]
-        jobs += [("alpha", ("--list",)), ("beta", ("--list",))]
-        procs = [_sender_of(port, tmp_path, client, FULL, *extra) for client, extra in jobs]
-        deadline = time.monotonic() + 60
-        while len(entered) + sum(p.poll() is not None for p in procs) < len(procs) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        admitted = len(entered)
-        gate.set()
-        results = [(p.wait(60), p.communicate()[1]) for p in procs]
-    finally:
-        gate.set()
-        stop.set()
-        running.join(60)
+    with running(Held(load(str(config)), EventLog(lines, "json"))):
+        try:
+            wait_listening(port)
+            jobs: list[tuple[str, tuple[str, ...]]] = [(c, ()) for c in ("alpha", "beta", "gamma") for _ in range(2)]
+            jobs += [("alpha", ("--list",)), ("beta", ("--list",))]
+            procs = [_sender_of(port, tmp_path, client, FULL, *extra) for client, extra in jobs]
+            deadline = time.monotonic() + 60
+            while len(entered) + sum(p.poll() is not None for p in procs) < len(procs) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            admitted = len(entered)
+            gate.set()
+            results = [(p.wait(60), p.communicate()[1]) for p in procs]
+        finally:
+            gate.set()  # a failure above must not leave the transfers at the gate
     assert admitted == 2, (admitted, results)
     assert sorted(code for code, _ in results) == [0, 0] + [4] * (len(jobs) - 2), results
     assert all(b"busy: " in err for code, err in results if code), results

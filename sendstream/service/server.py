@@ -78,7 +78,7 @@ class Service:
         self._quotas = {name: Quota(c) for name, c in config.clients.items() if c.quota is not None}
         self._lock = threading.Lock()
         self._active: dict[str, set[_Slot]] = {}  # by client: what runs, each registered as it is admitted
-        self._threads: set[threading.Thread] = set()
+        self._threads: dict[threading.Thread, _Slot] = {}  # every transfer's thread, until it ends
         self._s3: Any = None
         self._claims = Claims()  # what running transfers make: subvolume UUIDs, subvolumes, journals
         self._listener: Listener[tuple[Opening, Client]] | None = None
@@ -227,10 +227,10 @@ class Service:
             finally:
                 self._leave(slot)
                 with self._lock:
-                    self._threads.discard(threading.current_thread())
+                    self._threads.pop(threading.current_thread(), None)
 
         with self._lock:
-            self._threads.add(started(run))
+            self._threads[started(run)] = slot
 
     def _leave(self, slot: _Slot) -> None:
         """``slot`` no longer counts against the limits (again: nothing)."""
@@ -348,7 +348,7 @@ class Service:
         while True:
             with self._lock:
                 threads = list(self._threads)
-                slots = [slot for group in self._active.values() for slot in group]
+                slots = list(self._threads.values())  # a transfer that let go of its limits is cut too
             if not threads:
                 return
             if time.monotonic() > deadline:

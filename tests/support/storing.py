@@ -15,7 +15,9 @@ import contextlib
 import errno
 import io
 import json
+import sys
 import threading
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -104,15 +106,36 @@ def serving(tmp_path: Path, extra: str = "") -> Iterator[tuple[int, Log]]:
     config.write_text(
         f'listen = "127.0.0.1:{port}"\n{extra}\n[clients.alpha]\nkey = "alpha.key"\nstore = "places/alpha"\n'
     )
-    log, stop = Log(), threading.Event()
-    thread = threading.Thread(target=Service(load(str(config)), EventLog(log, "json")).run, args=(stop,))
-    thread.start()
-    try:
+    log = Log()
+    with running(Service(load(str(config)), EventLog(log, "json"))):
         wait_listening(port)
         yield port, log
+
+
+@contextlib.contextmanager
+def running(service: Service) -> Iterator[threading.Event]:
+    """``service`` run in a thread of this process while this is held (the event stops it early). A service
+    that has not ended a minute after it is stopped fails the test with the stack of every thread, rather
+    than hold pytest's exit for ever."""
+    stop = threading.Event()
+    thread = threading.Thread(target=service.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield stop
     finally:
         stop.set()
         thread.join(60)
+        if thread.is_alive():
+            raise AssertionError(f"the service did not end within 60 s of its stop:\n{stacks()}")
+
+
+def stacks() -> str:
+    """Where every thread of this process is."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return "\n".join(
+        f"thread {names.get(ident, ident)}:\n{''.join(traceback.format_stack(frame))}"
+        for ident, frame in sys._current_frames().items()
+    )
 
 
 def sending(port: int, tmp_path: Path, stream: Path, *extra: str) -> list[str]:
