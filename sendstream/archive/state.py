@@ -29,6 +29,7 @@ from .store import Location, calling, missing
 STATE_SUFFIX = ".upload"
 STATE_FORMAT = "sendstream-upload-2"  # 1 did not say how its parts are sealed
 MAX_STATE = 4 << 20
+MAX_DEPTH = 5  # {"state": {"objects": [{"parts": [...]}]}}: the objects a sealed upload completed
 
 
 @dataclass
@@ -106,7 +107,7 @@ def load(s3: Any, location: Location, name: str, key: bytes) -> UploadState | No
             return None
         raise
     try:
-        outer = load_json(raw[:MAX_STATE], "the upload state")
+        outer = load_json(raw[:MAX_STATE], "the upload state", MAX_DEPTH)
         fields = outer["state"]
         payload = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
         if not hmac.compare_digest(str(outer["mac"]), _mac(key, payload)):
