@@ -94,6 +94,7 @@ def _check_endpoint(url: str) -> None:
 def calling(where: str) -> Iterator[None]:
     """Turn what the S3 client raises into a :class:`~sendstream.errors.StoreError` naming ``where``."""
     from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
+    from botocore.parsers import ResponseParserError
 
     try:
         yield
@@ -106,6 +107,13 @@ def calling(where: str) -> Iterator[None]:
         raise e.StoreError(where, f"{exc.operation_name} failed: {code}{said}", retryable) from None
     except BotoCoreError as exc:
         raise e.StoreError(where, str(exc), isinstance(exc, ConnectionError | HTTPClientError)) from None
+    except (ResponseParserError, ValueError) as exc:  # botocore's parser on an answer it cannot read (int("x"))
+        raise e.StoreError(where, f"its answer cannot be read: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).partition("\n")[0]
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def missing(exc: BaseException) -> bool:
