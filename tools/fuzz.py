@@ -1225,6 +1225,7 @@ def manifest_read(store: MemoryStore, name: str) -> Entry:
 
 def chain_checks(found: list[Entry], bad: list[e.BadManifest]) -> None:
     """The archive's chains as ``archive ls``, ``restore`` and ``archive prune`` take them."""
+    expect(len({x.name for x in found}) == len(found), "entries.once", sorted(x.name for x in found))
     by_ident = {x.ident: x for x in found}
     circles: list[e.BadManifest] = []
     trees = chains(found, circles)

@@ -112,9 +112,10 @@ def listing(s3: Any, location: Location) -> Iterator[tuple[str, datetime.datetim
 
 
 def entries(s3: Any, location: Location, problems: list[e.BadManifest] | None = None) -> list[Entry]:
-    """Every stream archived directly under ``location``, by name. A manifest that cannot be taken is left
-    out, and added to ``problems`` when given; one deleted since the listing is left out."""
-    names = sorted(name for name, _ in listing(s3, location) if name.endswith(MANIFEST_SUFFIX))
+    """Every stream archived directly under ``location``, by name (once, though a store lists it twice). A
+    manifest that cannot be taken is left out, and added to ``problems`` when given; one deleted since the
+    listing is left out."""
+    names = sorted({name for name, _ in listing(s3, location) if name.endswith(MANIFEST_SUFFIX)})
     spent, lock = 0, threading.Lock()
 
     def spend(size: int) -> None:
