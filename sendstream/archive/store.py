@@ -15,6 +15,7 @@ import re
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
+from traceback import walk_tb
 from typing import Any
 
 from .. import errors as e
@@ -94,7 +95,6 @@ def _check_endpoint(url: str) -> None:
 def calling(where: str) -> Iterator[None]:
     """Turn what the S3 client raises into a :class:`~sendstream.errors.StoreError` naming ``where``."""
     from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
-    from botocore.parsers import ResponseParserError
 
     try:
         yield
@@ -107,12 +107,18 @@ def calling(where: str) -> Iterator[None]:
         raise e.StoreError(where, f"{exc.operation_name} failed: {code}{said}", retryable) from None
     except BotoCoreError as exc:
         raise e.StoreError(where, str(exc), isinstance(exc, ConnectionError | HTTPClientError)) from None
-    except (ResponseParserError, ValueError) as exc:  # botocore's parser on an answer it cannot read (int("x"))
+    except Exception as exc:  # botocore's parser on an answer it cannot read: int("x"), an element twice, ...
+        if not _raised_in_botocore(exc):
+            raise
         raise e.StoreError(where, f"its answer cannot be read: {_first_line(exc)}") from None
 
 
+def _raised_in_botocore(exc: BaseException) -> bool:
+    return any(frame.f_globals.get("__name__", "").startswith("botocore.") for frame, _ in walk_tb(exc.__traceback__))
+
+
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).partition("\n")[0]
+    text = f"{type(exc).__name__}: {exc}".partition("\n")[0]
     return text if len(text) <= 200 else text[:200] + "..."
 
 
