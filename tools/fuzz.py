@@ -2159,7 +2159,7 @@ DICTS = {
                b"handshake_timeout = ", b"idle_timeout = ", b"journal_days = ", b"s3://", b"srv/link", b"srv/file",
                b"keys/copy.key", b"keys/open.key", b"keys/empty.key", b"keys/bad.key", b"keys/text.key", b"::ffff:",
                b"/104", b"/0", b"fd00::/8", b"%eth0", b"inf", b"nan", b"1e308", b"0x7fffffffffffffff", b"\\u0000",
-               b"'''", b'"""', b"\n"],
+               b"'''", b'"""', b"\n", "\u00b2".encode(), "\u0661".encode()],
     "manifest": [*_JSON_DICT, b'"format"', b'"sendstream-manifest-1"', b'"stream"', b'"objects"', b'"key"', b'"size"',
                  b'"parts"', b'"encryption"', b'"cipher"', b'"AES-256-GCM"', b'"segment"', b"8388608", b"5242880",
                  b"8388636", b'"parent_uuid"', b'"parent_ctransid"', b'"ctransid"', b'"uuid"', b'"stored"',
