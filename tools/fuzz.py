@@ -1163,11 +1163,12 @@ class MemoryStore:
 
 def manifests_of(data: bytes) -> dict[str, bytes]:
     """The manifests of an input (apart by NUL), by name: the first line when it names one
-    (``NAME.stream.json``), else the name its stream makes (so that a fuzzed stream is taken as named)."""
+    (``NAME.stream.json``, directly under the prefix), else the name its stream makes (so that a fuzzed
+    stream is taken as named)."""
     found: dict[str, bytes] = {}
     for i, part in enumerate(data.split(b"\0")):
         first, newline, rest = part.partition(b"\n")
-        if newline and first.endswith(b".stream.json"):
+        if newline and first.endswith(b".stream.json") and b"/" not in first:
             found[first.decode("utf-8", "replace")] = rest
             continue
         name = f"{uuid.UUID(int=i)}.{i}.stream.json"
