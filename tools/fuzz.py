@@ -2130,7 +2130,34 @@ def store_seeds() -> dict[str, bytes]:
             ("PARTS 0", listed_parts),
         ),
         "upload-sealed": scenario("upload sealed", ("HEAD " + STORED + ".json", b"404\n\n")),
+        "upload-answered": scenario("upload resumable sealed", *upload_answers()),
     }
+
+
+def upload_answers() -> list[tuple[str, bytes]]:
+    """Every request of a resumable upload of tour(2) in four parts, answered as S3 answers it."""
+    etag = 'ETag: "9b2cf535f27731c974343645a3985328"'
+    created = _xml(
+        '<InitiateMultipartUploadResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Bucket>fuzz</Bucket>'
+        f"<Key>{ARCHIVE.key(STORED)}</Key><UploadId>VXBsb2FkIElEIGZvciA2aWWpbmcncyBteS1tb3ZpZS5tMnRzIHVwbG9hZA"
+        "</UploadId></InitiateMultipartUploadResult>"
+    )
+    completed = _xml(
+        '<CompleteMultipartUploadResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Location>'
+        f"http://fuzz.s3.amazonaws.com/{ARCHIVE.key(STORED)}</Location><Bucket>fuzz</Bucket><Key>"
+        f'{ARCHIVE.key(STORED)}</Key><ETag>"3858f62230ac3c915f300c664312c11f-4"</ETag></CompleteMultipartUploadResult>'
+    )
+    return [
+        ("LIST 0", listing_answer([])),
+        (f"HEAD {STORED}.json", b"404\nx-amz-request-id: 4442587FB7D0A2F9\n\n"),
+        (f"GET {STORED}{STATE_SUFFIX}", _error(404, "NoSuchKey")),
+        (f"CREATE {STORED}", store_answer(200, created, "Content-Type: application/xml")),
+        *((f"PART {STORED} {n}", store_answer(200, b"", etag, "x-amz-checksum-crc32c: sOO8/Q==")) for n in range(1, 5)),
+        (f"PUT {STORED}{STATE_SUFFIX}", store_answer(200, b"", etag)),
+        (f"COMPLETE {STORED}", store_answer(200, completed, "Content-Type: application/xml")),
+        (f"PUT {STORED}.json", store_answer(200, b"", etag)),
+        (f"DELETE {STORED}{STATE_SUFFIX}", b"204\n\n"),
+    ]
 
 
 def seeds(target: str) -> dict[str, bytes]:

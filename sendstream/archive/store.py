@@ -122,6 +122,15 @@ def _first_line(exc: BaseException) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
+def answered(answer: Any, field: str, where: str) -> Any:
+    """``field`` of a store's ``answer`` (what botocore made of it); a StoreError naming ``where`` when the
+    store left it out (an UploadId, an ETag)."""
+    value = answer.get(field) if isinstance(answer, dict) else None
+    if value is None or value == "":
+        raise e.StoreError(where, f"its answer has no {field}")
+    return value
+
+
 def missing(exc: BaseException) -> bool:
     """Whether a store error says the object or key is not there."""
     return isinstance(exc, e.StoreError) and any(
