@@ -1412,12 +1412,16 @@ def listed_snapshots(data: bytes) -> list[dict[str, Any]]:
         raise
 
 
+PRINTED = io.StringIO()  # one for the process: click keeps what it wraps each standard output in, for ever
+
+
 def printed(data: bytes, as_json: bool) -> list[str]:
     """What ``send --list`` prints."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), answering(data) as connect:
+    PRINTED.seek(0)
+    PRINTED.truncate()
+    with contextlib.redirect_stdout(PRINTED), answering(data) as connect:
         print_held(connect, as_json)
-    return out.getvalue().splitlines()
+    return PRINTED.getvalue().splitlines()
 
 
 def target_list_answer(data: bytes) -> None:
