@@ -167,6 +167,7 @@ with instrumented:
         identity_of,
         plan_prune,
         read_manifest,
+        remove,
     )  # fmt: skip
     from sendstream.archive.reading import _ranges as reading_ranges
     from sendstream.archive.reading import check as check_stored
@@ -1533,7 +1534,7 @@ class FakeStore:
     are labelled by what they ask, not by when they come, so that readers in threads get the same answers
     whatever their order: ``LIST N`` (the N-th page of a listing), ``PARTS N`` (of a list of parts),
     ``GET NAME bytes=A-B`` (or ``GET NAME`` for any range), ``HEAD NAME``, ``CREATE NAME``,
-    ``PART NAME N``, ``COMPLETE NAME``, ``PUT NAME``, ``DELETE NAME``, ``ABORT NAME``, ``DELETES``;
+    ``PART NAME N``, ``COMPLETE NAME``, ``PUT NAME``, ``DELETE NAME``, ``ABORT NAME``, ``DELETES N``;
     NAME is the key under the archive's prefix."""
 
     def __init__(self) -> None:
@@ -1597,7 +1598,7 @@ class FakeStore:
             return [self._next("PARTS")]
         if method == "POST":
             kind = "CREATE" if "uploads" in query else "DELETES" if "delete" in query else "COMPLETE"
-            return [f"{kind} {name}" if kind != "DELETES" else kind]
+            return [f"{kind} {name}" if kind != "DELETES" else self._next(kind)]
         if method == "PUT":
             return [f"PART {name} {query['partNumber']}" if "partNumber" in query else f"PUT {name}"]
         if method == "DELETE":
@@ -1654,6 +1655,17 @@ def store_read(s3: Any, words: set[str]) -> None:
     expect("restore" in words or handed.digest.hexdigest() == entry.sha256, "store.read-sha256", entry.sha256)
 
 
+def store_ls(s3: Any, words: set[str]) -> None:
+    """``archive ls`` (with ``prune``: then ``archive prune --keep-last 1``, the store's word on each deletion
+    taken)."""
+    problems: list[e.BadManifest] = []
+    found = entries(s3, ARCHIVE, problems)
+    chain_checks(found, problems)
+    if "prune" in words:
+        for entry in plan_prune(found, 1, None, problems)[1]:
+            remove(s3, ARCHIVE, entry)
+
+
 def store_resume(s3: Any) -> None:
     """A resumable upload's state and the parts the store lists, as ``send --to s3:// --resumable`` takes them up."""
     earlier = load_state(s3, ARCHIVE, STORED, ARCHIVE_KEY)
@@ -1685,8 +1697,7 @@ def target_store(data: bytes) -> None:
     store.serve(answers)
     try:
         if "ls" in words:
-            problems: list[e.BadManifest] = []
-            chain_checks(entries(s3, ARCHIVE, problems), problems)
+            store_ls(s3, words)
         elif "resume" in words:
             store_resume(s3)
         elif "upload" in words:
@@ -2094,6 +2105,7 @@ def store_seeds() -> dict[str, bytes]:
         return f"GET {name}.json", manifest_answer(manifest_of(s, name), "Content-Type: application/json")
 
     chain = [names[n] for n in ("full", "incr", "incr2", "circle-a", "circle-b")]
+    kept = [names[n] for n in ("full", "incr", "incr2", "sealed")]
     saved = [body for key, body in store.written if key.endswith(STATE_SUFFIX)]
     state = json.loads(saved[len(saved) // 2])
     parts = "".join(
@@ -2125,6 +2137,16 @@ def store_seeds() -> dict[str, bytes]:
             got(store, chain[0]),
             got(store, chain[1]),
         ),
+        "prune": scenario(  # the newest builds on full and incr: incr2 goes
+            "ls prune",
+            ("LIST 0", listing_answer([f"{n}.json" for n in kept])),
+            *(got(store, n) for n in kept),
+            (
+                "DELETES 0",
+                store_answer(200, _xml(deleted([f"{names['incr2']}.json"])), "Content-Type: application/xml"),
+            ),
+            ("DELETES 1", store_answer(200, _xml(deleted([], names["incr2"])), "Content-Type: application/xml")),
+        ),
         "resume": scenario("resume", state_answer, ("PARTS 0", listed_parts)),
         "upload": scenario(
             "upload resumable",
@@ -2136,6 +2158,16 @@ def store_seeds() -> dict[str, bytes]:
         "upload-sealed": scenario("upload sealed", ("HEAD " + STORED + ".json", b"404\n\n")),
         "upload-answered": scenario("upload resumable sealed", *upload_answers()),
     }
+
+
+def deleted(names: list[str], refused: str | None = None) -> str:
+    """S3's answer to DeleteObjects: ``names`` deleted, ``refused`` not."""
+    done = "".join(f"<Deleted><Key>{ARCHIVE.key(n)}</Key></Deleted>" for n in names)
+    if refused is not None:
+        done += (
+            f"<Error><Key>{ARCHIVE.key(refused)}</Key><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+        )
+    return f'<DeleteResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">{done}</DeleteResult>'
 
 
 def upload_answers() -> list[tuple[str, bytes]]:

@@ -399,4 +399,6 @@ def remove(s3: Any, location: Location, entry: Entry) -> None:
             )
         if answer.get("Errors"):
             error = answer["Errors"][0]
-            raise e.StoreError(location.url(error["Key"][len(location.prefix) :]), f"not deleted: {error.get('Code')}")
+            said = error.get("Key")  # (the store may leave it out, or name a key that is not ours)
+            name = said[len(location.prefix) :] if isinstance(said, str) and said.startswith(location.prefix) else ""
+            raise e.StoreError(location.url(name or keys[0]), f"not deleted: {short_json(error.get('Code'))}")
