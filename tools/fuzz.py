@@ -460,11 +460,12 @@ def expect(ok: bool, what: str, detail: object) -> None:
 
 
 def one_of(exc: e.SendStreamError, *allowed: type[e.SendStreamError], where: str) -> None:
-    """Our error ``exc`` must be of the classes the caller expects, and of one line (house rule)."""
+    """Our error ``exc`` must be of the classes the caller expects, and one printable line (house rule:
+    what a peer, a file or a store says must not drive the terminal)."""
     if not isinstance(exc, allowed):
         raise Finding(f"Unexpected@{where}({type(exc).__name__})", f"{exc!s:.600}")
-    if "\n" in str(exc):
-        raise Finding(f"Lines@{where}({type(exc).__name__})", f"{exc!s:.600}")
+    if not str(exc).isprintable():
+        raise Finding(f"Unprintable@{where}({type(exc).__name__})", f"{exc!s:.600}")
 
 
 # --- targets ----------------------------------------------------------------------------------------------------------
@@ -1003,7 +1004,7 @@ def config_error(exc: e.SendStreamError, path: str) -> None:
     if not isinstance(exc, ConfigError):
         raise Finding(f"NotConfigError@config.{type(exc).__name__}", str(exc)[:300])
     file, _, line = exc.where.partition(":") if exc.where.startswith(path + ":") else (exc.where, "", "")
-    if file != path or (line and not line.isdigit()) or "\n" in str(exc):
+    if file != path or (line and not line.isdigit()) or not str(exc).isprintable():
         raise Finding("Unplaced@config.ConfigError", f"{exc!s:.300}")
 
 
