@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import errors as e
-from ..ops.identity import check_identity, checked_integer, load_json, short_json
+from ..ops.identity import check_identity, checked_integer, load_json, printable, short_json
 from ..ops.stored import MANIFEST_FORMAT, stream_name
 from .seal import CIPHER, SEGMENT, opened_size
 from .store import Location, calling, missing
@@ -152,7 +152,7 @@ def entries(s3: Any, location: Location, problems: list[e.BadManifest] | None = 
 def read_manifest(s3: Any, location: Location, name: str, spend: Callable[[int], object] | None = None) -> Entry:
     """The manifest ``name`` (``NAME.stream.json``) under ``location`` (``spend`` hears its size before it
     is read on); :class:`~sendstream.errors.BadManifest` when it cannot be taken."""
-    url = location.url(name)
+    url = printable(location.url(name))  # (a key in the listing may hold anything)
     with calling(url):
         body = s3.get_object(Bucket=location.bucket, Key=location.key(name), Range=f"bytes=0-{MAX_MANIFEST}")["Body"]
         try:
@@ -256,7 +256,7 @@ def _sealing(
 
 def _shown(ident: tuple[Ident, Ident | None]) -> str:
     (uuid, ctransid), parent = ident
-    return f"{uuid} at ctransid {ctransid}" + (f" from {parent[0]} at {parent[1]}" if parent else "")
+    return printable(f"{uuid} at ctransid {ctransid}" + (f" from {parent[0]} at {parent[1]}" if parent else ""))
 
 
 def chains(found: list[Entry], problems: list[e.BadManifest] | None = None) -> list[list[tuple[int, Entry]]]:
