@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import errors as e
-from ..ops.identity import check_identity, checked_integer, load_json
+from ..ops.identity import check_identity, checked_integer, load_json, printable
 from ..ops.ledger import Checkpoint
 from .store import Location, calling, missing
 
@@ -61,10 +61,12 @@ class UploadState:
 
         again = f"with --encrypt-key FILE of key {self.sealing['key']}" if self.sealing else "without --encrypt-key"
         url = location.url(name + STATE_SUFFIX)
-        raise e.ResumeError(
-            f"{url}: the earlier run's parts are {said(self.sealing)}, this run's would be {said(sealing)}: "
-            f"run it again {again}; or start over: delete {url} and abort the multipart upload "
-            f"{self.upload_id} of {location.url(self.key)}"
+        raise e.ResumeError(  # (escaped: what the state says may hold anything)
+            printable(
+                f"{url}: the earlier run's parts are {said(self.sealing)}, this run's would be {said(sealing)}: "
+                f"run it again {again}; or start over: delete {url} and abort the multipart upload "
+                f"{self.upload_id} of {location.url(self.key)}"
+            )
         )
 
 
