@@ -83,8 +83,10 @@ Options (the harness's; single-dash flags go to libFuzzer, e.g. ``-runs=N``,
   checks on every input);
 
 - ``--memory-mb N``: RLIMIT_AS of the process (default 1024; never under ASan,
-  which reserves terabytes of address space; ``store``, whose readers are
-  threads, runs with ``MALLOC_ARENA_MAX=2``, as the archive's memory bounds are measured);
+  which reserves terabytes of address space); the harness runs with
+  ``MALLOC_ARENA_MAX=2`` (the archive's readers are threads, each with an
+  arena of 64 MiB of address space otherwise), as the archive's memory bounds
+  are measured;
 - ``--fsize-mb N``: RLIMIT_FSIZE for ``extract`` (default 16), so that a
   stream cannot fill the tmpfs;
 - ``--skip-known``: inputs whose crash has the signature of a finding in
@@ -2625,8 +2627,8 @@ def main(argv: list[str]) -> int:
     global SKIP_KNOWN, DEEP_EVERY
     SKIP_KNOWN = bool(options["skip_known"])
     DEEP_EVERY = 1 if replaying or minimizing else max(1, int(options["deep_every"]))
-    if target == "store" and "MALLOC_ARENA_MAX" not in os.environ:
-        # the store's readers and writers are threads, each with a malloc arena of 64 MiB of address space
+    if "MALLOC_ARENA_MAX" not in os.environ:
+        # the archive's readers and writers are threads, each with a malloc arena of 64 MiB of address space
         # that RLIMIT_AS counts: 2 arenas, as the memory bounds of the archive are measured
         os.execve(sys.executable, [sys.executable, __file__, *argv], {**os.environ, "MALLOC_ARENA_MAX": "2"})
     SMALL_STREAM = tour(2)
