@@ -1177,7 +1177,9 @@ def manifests_of(data: bytes) -> dict[str, bytes]:
             found[first.decode("utf-8", "replace")] = rest
             continue
         name = f"{uuid.UUID(int=i)}.{i}.stream.json"
-        with contextlib.suppress(ValueError, RecursionError, TypeError, KeyError, AttributeError, Unnamed):
+        with contextlib.suppress(
+            ValueError, RecursionError, TypeError, KeyError, AttributeError, OverflowError, Unnamed
+        ):
             name = stream_name(json.loads(part)["stream"]) + ".json"
         found.setdefault(name, part)
     return found
