@@ -366,6 +366,20 @@ def test_the_same_stream_twice_is_refused_and_ls_shows_chains(store: Store) -> N
     assert b"; 2 streams: " in both.stderr
 
 
+def test_ls_escapes_what_a_manifest_says(store: Store) -> None:
+    """A manifest's snapshot name and time are its writer's words: ``archive ls`` shows them escaped, on
+    the stream's one line (they went to the terminal as they were)."""
+    bucket, client = store.bucket(), store.client()
+    assert run(store, "send", "--to", f"s3://{bucket}/w", str(FULL)).returncode == 0
+    key = f"w/{name_of(FULL.read_bytes())}.json"
+    note = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    note.update(snapshot="snap\x1b]0;owned\x07\nforged", stored="2026-12-01\x1b[2J")
+    client.put_object(Bucket=bucket, Key=key, Body=json.dumps(note).encode())
+    listed = run(store, "archive", "ls", f"s3://{bucket}/w")
+    assert listed.returncode == 0 and listed.stdout.count(b"\n") == 1 and b"\x1b" not in listed.stdout, listed
+    assert listed.stdout.endswith(b"2026-12-01\\x1b[2J  snap\\x1b]0;owned\\x07\\nforged\n"), listed.stdout
+
+
 def test_a_missing_link_is_named(store: Store) -> None:
     bucket = store.bucket()
     incr = next(p for p in STREAMS if p.name == "rich-incr-v2.stream")
