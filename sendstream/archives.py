@@ -13,6 +13,7 @@ import click
 from . import errors as e
 from .manual import epilog
 from .net.progress import BAR, Summary, size
+from .ops.identity import printable
 from .options import ProgressOptions, json_option, progress_options
 from .terminal import Group, error, logger, warner
 
@@ -217,7 +218,7 @@ def archive_ls(url: str, as_json: bool, endpoint_url: str | None) -> None:
                 continue
             kind = "full" if entry.parent is None else ("incremental" if depth else "incremental, parent missing")
             line = f"{'  ' * depth}{entry.uuid}.{entry.ctransid}  {kind}  {size(entry.size)}  {entry.stored}"
-            click.echo(line + (f"  {entry.snapshot}" if entry.snapshot else ""))
+            click.echo(printable(line + (f"  {entry.snapshot}" if entry.snapshot else "")))  # (as its manifest says)
     problems_found(problems)
 
 
@@ -239,7 +240,9 @@ def archive_prune(url: str, keep_last: int | None, since: str | None, dry_run: b
     for entry in dropped:
         if not dry_run:
             remove(s3, location, entry)
-        click.echo(f"{'would delete' if dry_run else 'deleted'} {entry.name}  {size(entry.size)}  {entry.stored}")
+        click.echo(
+            printable(f"{'would delete' if dry_run else 'deleted'} {entry.name}  {size(entry.size)}  {entry.stored}")
+        )
     gone = sum(x.size for x in dropped)
     verb = "would go" if dry_run else "deleted"
     click.echo(f"sendstream: {len(kept)} kept, {len(dropped)} {verb} ({size(gone)})", err=True)

@@ -244,6 +244,40 @@ def test_a_state_made_with_another_key_is_refused(store: Store, tmp_path: Path) 
     assert no_key.returncode == 2 and b"--resumable to s3:// needs --key FILE" in no_key.stderr
 
 
+class _Failing(io.RawIOBase):
+    """A pipe that breaks after ``data[:cut]``."""
+
+    def __init__(self, data: bytes, cut: int) -> None:
+        self.data, self.cut, self.pos = data, cut, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: memoryview) -> int:  # type: ignore[override]
+        if self.pos >= self.cut:
+            raise OSError(5, "the pipe broke")
+        n = min(len(b), self.cut - self.pos)
+        b[:n] = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return n
+
+
+def test_a_sealed_upload_that_completed_an_object_resumes(store: Store, tmp_path: Path) -> None:
+    """Its state says where the sealed parts of the object it completed are (a list in each object: JSON
+    5 deep), and is taken up (found by fuzzing: it was refused as nesting too deeply)."""
+    bucket, client = store.bucket(), store.client()
+    _, whole = _long_stream(tmp_path, copies=120)  # 33 MB: objects of two 5 MiB parts
+    sealer, key, location = Sealer(os.urandom(32)), os.urandom(32), Location(bucket, "o/")
+    options = {"part_size": 5 << 20, "max_object": 11 << 20, "key": key, "sealer": sealer}
+    with pytest.raises(OSError, match="the pipe broke"):
+        upload(_Failing(whole, 18 << 20), location, client, **options)  # type: ignore[arg-type]
+    done = upload(io.BytesIO(whole), location, client, **options)  # type: ignore[arg-type]
+    assert done.resumed >= 10 << 20 and len(done.objects) > 2, (done.resumed, done.objects)
+    back = bytearray()
+    check(client, location, read_manifest(client, location, name_of(whole) + ".json"), back.extend, sealer)
+    assert back == whole
+
+
 def test_the_store_stopped_mid_upload_and_started_again(store: Store, tmp_path: Path) -> None:
     bucket, client = store.bucket(), store.client()
     _, whole = _long_stream(tmp_path, copies=150)
@@ -330,6 +364,20 @@ def test_the_same_stream_twice_is_refused_and_ls_shows_chains(store: Store) -> N
     both = run(store, "restore", f"s3://{bucket}/h/{i['uuid']}", "-o", "-")
     assert both.returncode == 0 and both.stdout == full.read_bytes() + incr.read_bytes()
     assert b"; 2 streams: " in both.stderr
+
+
+def test_ls_escapes_what_a_manifest_says(store: Store) -> None:
+    """A manifest's snapshot name and time are its writer's words: ``archive ls`` shows them escaped, on
+    the stream's one line (they went to the terminal as they were)."""
+    bucket, client = store.bucket(), store.client()
+    assert run(store, "send", "--to", f"s3://{bucket}/w", str(FULL)).returncode == 0
+    key = f"w/{name_of(FULL.read_bytes())}.json"
+    note = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    note.update(snapshot="snap\x1b]0;owned\x07\nforged", stored="2026-12-01\x1b[2J")
+    client.put_object(Bucket=bucket, Key=key, Body=json.dumps(note).encode())
+    listed = run(store, "archive", "ls", f"s3://{bucket}/w")
+    assert listed.returncode == 0 and listed.stdout.count(b"\n") == 1 and b"\x1b" not in listed.stdout, listed
+    assert listed.stdout.endswith(b"2026-12-01\\x1b[2J  snap\\x1b]0;owned\\x07\\nforged\n"), listed.stdout
 
 
 def test_a_missing_link_is_named(store: Store) -> None:

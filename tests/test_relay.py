@@ -170,6 +170,7 @@ def test_addresses_are_checked_before_anything_else() -> None:
     """As send and receive: HOST:PORT, and every address ('*') only where the relay listens."""
     for addresses, why in (
         (["--listen", "nohost", "--to", "127.0.0.1:1"], b"expected HOST:PORT, got 'nohost'"),
+        (["--listen", "127.0.0.1:\u00b2", "--to", "127.0.0.1:1"], "got '127.0.0.1:\u00b2'".encode()),
         (["--listen", "127.0.0.1:1", "--to", "*:7000"], b"'*' only makes sense with --listen"),
     ):
         result = subprocess.run(

@@ -33,11 +33,39 @@ the CRC-32 of its bytes, and on every input of ``--replay`` and ``--minimize``:
   a sentinel tree and clone sources that must not change;
 - ``session``: the receiver's hello, the sender's parse of the answer and of
   status lines, and resume tokens (the text as given, and any payload with a
-  valid MAC so that the JSON is reached), then used as ``send --resume`` does.
+  valid MAC so that the JSON is reached), then used as ``send --resume`` does;
+- ``config``: ``serve``'s configuration (:func:`sendstream.service.config.load`)
+  in a scratch directory whose key files and places exist, the file system
+  of a ``receive`` place given (not asked of ``stat -f``); what loads is held
+  to what the service relies on (each client's own key, places apart, each
+  trusted address one client's), and an error is a ``ConfigError`` of one
+  line that names the file;
+- ``manifest``: manifests apart by NUL (a ``NAME.stream.json`` line first,
+  or named by the stream they say) through ``read_manifest``: an ``Entry``
+  true to its name, written back as ``send --to s3://`` writes one and read
+  equal, or a ``BadManifest`` that names it; then ``chains``, ``chain_to`` and
+  ``plan_prune`` over all of them (every stream placed once, parents before
+  children, what is kept keeps its parents), and the service's list of them;
+  *deep*: the same through a listing (``entries``);
+- ``upload-state``: a resumable upload's state (the input as the whole object,
+  and as its ``state`` signed with the right key) through ``state.load``: saved
+  again and read equal, its sealing held, taken up as ``Parts`` does; *deep*:
+  every state a resumable upload saves (parts, objects and sealing picked by
+  the input's first bytes) is read back;
+- ``list-answer``: the service's answer to ``send --list`` through ``list_held``
+  and as ``send --list`` prints it: flat snapshots that the service's writer
+  writes back equal, one escaped line each, the same in JSON;
+- ``store``: a fake S3 endpoint on loopback (:class:`FakeStore`) whose answers
+  (status, headers, body) are the input's, driven through boto3 by the real
+  code: ``verify``/``restore`` of a stream (``read_manifest``,
+  ``RangedReader``, ``check``), ``archive ls`` (``entries``, ``listing``, the
+  chains), a resumed upload's state and parts, a whole ``send --to s3://``.
+  What is handed on is the manifest's stream, to the byte.
 
 The rule: every input ends in success or in sendstream's own error
-(:class:`sendstream.errors.SendStreamError`). Anything else is a crash: another
-exception (RecursionError, MemoryError under the harness's RLIMIT_AS, struct.error,
+(:class:`sendstream.errors.SendStreamError`; of one line, and of the class
+expected, for the targets of the service and the archive). Anything else is a crash: another
+exception (RecursionError, MemoryError under the harness's RLIMIT_AS, struct.error, botocore's own,
 OverflowError, KeyError, UnicodeDecodeError...), a native/pure disagreement, a
 change outside the scratch directory, more than :data:`KEPT_MAX` problems kept
 for one input (memory that grows with the input), or a conversion that writes
@@ -55,7 +83,10 @@ Options (the harness's; single-dash flags go to libFuzzer, e.g. ``-runs=N``,
   checks on every input);
 
 - ``--memory-mb N``: RLIMIT_AS of the process (default 1024; never under ASan,
-  which reserves terabytes of address space);
+  which reserves terabytes of address space); the harness runs with
+  ``MALLOC_ARENA_MAX=2`` (the archive's readers are threads, each with an
+  arena of 64 MiB of address space otherwise), as the archive's memory bounds
+  are measured;
 - ``--fsize-mb N``: RLIMIT_FSIZE for ``extract`` (default 16), so that a
   stream cannot fill the tmpfs;
 - ``--skip-known``: inputs whose crash has the signature of a finding in
@@ -78,13 +109,19 @@ The library imported is this checkout's, unless PYTHONPATH says otherwise
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import dataclasses
+import datetime
 import errno
 import functools
+import hashlib
 import io
+import itertools
 import json
 import os
 import random
+import re
 import resource
 import shutil
 import signal
@@ -94,8 +131,11 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
+import urllib.parse
+import uuid
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -117,9 +157,32 @@ else:
 with instrumented:
     import sendstream
     from sendstream import errors as e
+    from sendstream.admin import list_held as print_held
     from sendstream.analysis.changes import changes
     from sendstream.analysis.resolve import resolve
     from sendstream.analysis.statistics import Statistics
+    from sendstream.archive.catalog import (
+        MIN_PART,
+        Entry,
+        chain_to,
+        chains,
+        entries,
+        identity_of,
+        plan_prune,
+        read_manifest,
+        remove,
+    )  # fmt: skip
+    from sendstream.archive.reading import _ranges as reading_ranges
+    from sendstream.archive.reading import check as check_stored
+    from sendstream.archive.reading import restore as restore_chain
+    from sendstream.archive.seal import CIPHER, SEGMENT, Sealer, opened_size
+    from sendstream.archive.state import STATE_SUFFIX, UploadState
+    from sendstream.archive.state import _mac as state_mac
+    from sendstream.archive.state import load as load_state
+    from sendstream.archive.state import save as save_state
+    from sendstream.archive.store import POOL as STORE_POOL
+    from sendstream.archive.store import Location
+    from sendstream.archive.upload import Parts, upload
     from sendstream.codec.crc import crc32c
     from sendstream.codec.decoder import Decoder
     from sendstream.codec.encoder import Encoder, encode_command, encode_stream_header
@@ -130,8 +193,9 @@ with instrumented:
     from sendstream.format.command import Command
     from sendstream.format.layout import ATTRIBUTES, COMMAND_NUMBERS, COMMANDS, MAX_VERSION, STREAM_MAGIC
     from sendstream.io.windows import file_events
-    from sendstream.net.session.messages import MAGIC, STATUS_PREFIX, parse_status
-    from sendstream.net.session.protocol import PREFIX_SIZE
+    from sendstream.net.sending import list_held
+    from sendstream.net.session.messages import MAGIC, STATUS_PREFIX, parse_listed, parse_status
+    from sendstream.net.session.protocol import LIST_PREFIX, PREFIX_SIZE, listed_line, status_line
     from sendstream.net.session.receiver import SessionReceiver, open_connection
     from sendstream.net.session.sender import SessionSender
     from sendstream.net.tls import PlainChannel
@@ -139,12 +203,18 @@ with instrumented:
     from sendstream.ops.identity import stream_identity
     from sendstream.ops.ledger import Checkpoint, Ledger
     from sendstream.ops.repair import Healer
+    from sendstream.ops.stored import Unnamed, manifest, stream_name
     from sendstream.ops.tokens import TOKEN_PREFIX, _b64, _mac, make_token, read_token
     from sendstream.ops.verify import find_headers, verify_file
     from sendstream.render.changes import diff_json, diff_lines, json_line, ls_json, ls_lines
     from sendstream.render.dump import TextDumper
     from sendstream.render.dump import json_line as dump_json_line
     from sendstream.render.paths import record_json_line, record_line, statistics_lines
+    from sendstream.service.config import IDENTITY, Config, ConfigError
+    from sendstream.service.config import Client as ServiceClient
+    from sendstream.service.config import load as load_config
+    from sendstream.service.held import held
+    from sendstream.service.held import named as held_name
 
 FIXTURES = REPO / "fixtures"
 CORPUS = REPO / "tests" / "corpus"
@@ -384,6 +454,21 @@ def guarded(run: Callable[[], Any]) -> Any:
         return run()
     except e.SendStreamError as exc:
         return ("error", verdict(exc))
+
+
+def expect(ok: bool, what: str, detail: object) -> None:
+    """A rule of a target: what the library gave must hold."""
+    if not ok:
+        raise Finding(f"Broken@{what}", f"{detail!r:.600}")
+
+
+def one_of(exc: e.SendStreamError, *allowed: type[e.SendStreamError], where: str) -> None:
+    """Our error ``exc`` must be of the classes the caller expects, and one printable line (house rule:
+    what a peer, a file or a store says must not drive the terminal)."""
+    if not isinstance(exc, allowed):
+        raise Finding(f"Unexpected@{where}({type(exc).__name__})", f"{exc!s:.600}")
+    if not str(exc).isprintable():
+        raise Finding(f"Unprintable@{where}({type(exc).__name__})", f"{exc!s:.600}")
 
 
 # --- targets ----------------------------------------------------------------------------------------------------------
@@ -873,6 +958,763 @@ def target_session(data: bytes) -> None:
     part(lambda: token(f"{TOKEN_PREFIX}{_b64(data)}.{_b64(_mac(TOKEN_KEY, data))}"))
 
 
+# --- the service's configuration --------------------------------------------------------------------------------------
+
+CONFIG_KEY = bytes(range(100, 132))
+
+
+class Places:
+    """A scratch directory for ``config``: key files and places that exist, so that fuzzed tables reach
+    the client checks, and the configuration file, written for each input. The places under ``mnt/``
+    are on btrfs as far as ``load`` is told (its seam for ``stat -f``), the others on ext2/3/4."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.path = str(base / "serve.toml")
+        self.keys: dict[str, bytes] = {}  # file under keys/ -> the key it holds
+        (base / "keys").mkdir()
+        pem = CONFIG_KEY[::-1]
+        armour = b"-----BEGIN SENDSTREAM PSK-----\n%s\n-----END SENDSTREAM PSK-----\n"
+        for name, data, key, mode in (
+            ("web1.key", CONFIG_KEY, CONFIG_KEY, 0o600),
+            ("db1.key", CONFIG_KEY[:16], CONFIG_KEY[:16], 0o600),
+            ("app.key", armour % base64.b64encode(pem), pem, 0o600),
+            ("text.key", CONFIG_KEY.hex().encode() + b"\n", CONFIG_KEY.hex().encode() + b"\n", 0o400),
+            ("copy.key", CONFIG_KEY, CONFIG_KEY, 0o600),  # the same bytes as web1.key
+            ("open.key", b"k" * 32, None, 0o644),  # refused: others may read it
+            ("empty.key", b"", None, 0o600),
+            ("bad.key", armour % b"!!", None, 0o600),
+        ):
+            (base / "keys" / name).write_bytes(data)
+            os.chmod(base / "keys" / name, mode)
+            if key is not None:
+                self.keys[name] = key
+        for place in ("srv/streams/web1", "srv/streams/web2", "srv/other", "mnt/backup/db1", "mnt/backup/db2"):
+            (base / place).mkdir(parents=True)
+        (base / "srv" / "file").write_bytes(b"not a directory")
+        (base / "srv" / "link").symlink_to("streams/web1")
+
+    def file_system(self, place: str) -> str:
+        """What ``stat -f`` would say of ``place``, without asking it."""
+        return "btrfs" if place.startswith(str(self.base / "mnt")) else "ext2/3/4"
+
+
+PLACES: Places | None = None
+
+
+def config_error(exc: e.SendStreamError, path: str) -> None:
+    """The configuration's error: a :class:`ConfigError` of one line that names the file (and a line in it)."""
+    if not isinstance(exc, ConfigError):
+        raise Finding(f"NotConfigError@config.{type(exc).__name__}", str(exc)[:300])
+    file, _, line = exc.where.partition(":") if exc.where.startswith(path + ":") else (exc.where, "", "")
+    if file != path or (line and not line.isdigit()) or not str(exc).isprintable():
+        raise Finding("Unplaced@config.ConfigError", f"{exc!s:.300}")
+
+
+def config_checks(config: Config, places: Places) -> None:
+    """What ``load`` passed is what the service relies on: each client's key is its file's (none shared),
+    its place exists as given (a bucket's address as it parses), no place holds another's, and each
+    trusted address is its client's alone."""
+    owners = list(config.clients.values())
+    for name, client in config.clients.items():
+        expect(name == client.identity and bool(IDENTITY.fullmatch(name)), "config.identity", name)
+        expect(client.key in places.keys.values() and config.key_of(name) == client.key, "config.key", name)
+        if client.archive:
+            expect(not client.receive and client.quota is None, "config.archive", client)
+            expect(Location.parse(client.place).url() == client.place, "config.archive", client.place)
+        else:
+            place = client.place
+            expect(os.path.isdir(place) and os.path.realpath(place) == place, "config.place", place)
+            expect(not client.receive or places.file_system(place) == "btrfs", "config.receive", place)
+            expect(client.quota is None or client.quota > 0, "config.quota", client.quota)
+        for net in client.trusted:  # (a peer's IPv4-mapped address is taken as IPv4: another network's)
+            for address in {net.network_address, net.broadcast_address}:
+                if address.version == 4 or address.ipv4_mapped is None:
+                    shown = [str(address)] + (["::ffff:" + str(address)] if address.version == 4 else [])
+                    for text in shown:
+                        expect(config.trusting(text) is client, "config.trusting", f"{text} of {name}")
+    expect(len({c.key for c in owners}) == len(owners), "config.shared-key", sorted(config.clients))
+    for a, b in itertools.permutations(owners, 2):
+        expect(not inside(a, b), "config.nested", (a.place, b.place))
+    expect(config.key_of("") is None and 0 < config.listen.port < 65536, "config.listen", config.listen)
+    expect(1 <= config.max_per_client <= 4096 and 1 <= config.max_transfers <= 4096, "config.limits", config)
+    expect(config.idle_timeout is None or config.idle_timeout > 0, "config.idle_timeout", config.idle_timeout)
+
+
+def inside(a: ServiceClient, b: ServiceClient) -> bool:
+    """Whether ``b``'s place is ``a``'s or in it."""
+    if a.archive != b.archive:
+        return False
+    if a.archive:
+        x, y = Location.parse(a.place), Location.parse(b.place)
+        return x.bucket == y.bucket and y.prefix.startswith(x.prefix)
+    return os.path.commonpath([a.place, b.place]) == a.place
+
+
+def target_config(data: bytes) -> None:
+    global PLACES
+    if PLACES is None:
+        PLACES = Places(Path(os.environ.get(SCRATCH_ENV) or scratch_base()))
+    places = PLACES
+    with open(places.path, "wb") as f:
+        f.write(data)
+    warnings: list[str] = []
+    try:
+        config = load_config(places.path, warnings.append, file_system=places.file_system)
+    except e.SendStreamError as exc:
+        config_error(exc, places.path)
+        raise
+    config_checks(config, places)
+
+
+# --- the archive: manifests and upload states -------------------------------------------------------------------------
+
+ARCHIVE = Location("fuzz", "archive/")
+ARCHIVE_KEY = bytes(range(64, 96))  # --key of resumable uploads
+SEALER = Sealer(bytes(range(32, 64)))  # --encrypt-key
+
+
+class MemoryStore:
+    """An S3 client of the harness's own that holds objects in memory: what the parsers' targets read
+    from, and what ``upload`` writes the seeds to. (The ``store`` target drives boto3 against a fake
+    endpoint instead.)"""
+
+    def __init__(self, objects: dict[str, bytes] | None = None) -> None:
+        self.objects = dict(objects or {})
+        self.uploads: dict[str, dict[int, tuple[str, bytes]]] = {}  # upload ID -> part number -> ETag, data
+        self.listed_parts: dict[int, int] | None = None  # what list_parts says, when not the uploads'
+        self.written: list[tuple[str, bytes]] = []  # every object put, in order
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _missing(code: str, operation: str) -> Exception:
+        from botocore.exceptions import ClientError
+
+        return ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": 404}}, operation)
+
+    def get_object(self, Bucket: str, Key: str, Range: str | None = None) -> dict[str, Any]:
+        with self._lock:
+            if Key not in self.objects:
+                raise self._missing("NoSuchKey", "GetObject")
+            data = self.objects[Key]
+        if Range is not None:
+            start, _, end = Range.removeprefix("bytes=").partition("-")
+            data = data[int(start) : int(end) + 1]
+        return {"Body": io.BytesIO(data), "ContentLength": len(data)}
+
+    def head_object(self, Bucket: str, Key: str) -> dict[str, Any]:
+        with self._lock:
+            if Key not in self.objects:
+                raise self._missing("404", "HeadObject")
+            return {"ContentLength": len(self.objects[Key])}
+
+    def put_object(self, Bucket: str, Key: str, Body: bytes) -> dict[str, Any]:
+        with self._lock:
+            self.objects[Key] = bytes(Body)
+            self.written.append((Key, bytes(Body)))
+        return {}
+
+    def delete_object(self, Bucket: str, Key: str) -> dict[str, Any]:
+        with self._lock:
+            self.objects.pop(Key, None)
+        return {}
+
+    def create_multipart_upload(self, Bucket: str, Key: str) -> dict[str, Any]:
+        with self._lock:
+            upload_id = f"upload-{len(self.uploads)}"
+            self.uploads[upload_id] = {}
+        return {"UploadId": upload_id}
+
+    def upload_part(self, Bucket: str, Key: str, UploadId: str, PartNumber: int, Body: Any, **_: Any) -> dict[str, Any]:
+        etag = f'"{hashlib.md5(Body).hexdigest()}"'
+        with self._lock:
+            self.uploads[UploadId][PartNumber] = (etag, bytes(Body))
+        return {"ETag": etag}
+
+    def complete_multipart_upload(self, Bucket: str, Key: str, UploadId: str, MultipartUpload: Any) -> dict[str, Any]:
+        with self._lock:
+            parts = self.uploads.pop(UploadId)
+            self.objects[Key] = b"".join(parts[p["PartNumber"]][1] for p in MultipartUpload["Parts"])
+        return {}
+
+    def abort_multipart_upload(self, Bucket: str, Key: str, UploadId: str) -> dict[str, Any]:
+        with self._lock:
+            self.uploads.pop(UploadId, None)
+        return {}
+
+    def get_paginator(self, operation: str) -> Any:
+        store = self
+
+        class Pages:
+            def paginate(self, **arguments: Any) -> Iterator[dict[str, Any]]:
+                yield store._page(operation, arguments)
+
+        return Pages()
+
+    def _page(self, operation: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            if operation == "list_parts":
+                if self.listed_parts is not None:
+                    return {"Parts": [{"PartNumber": n, "Size": size} for n, size in self.listed_parts.items()]}
+                if arguments["UploadId"] not in self.uploads:
+                    raise self._missing("NoSuchUpload", "ListParts")
+                parts = self.uploads[arguments["UploadId"]]
+                return {"Parts": [{"PartNumber": n, "Size": len(data)} for n, (_, data) in sorted(parts.items())]}
+            prefix = arguments["Prefix"]
+            keys = sorted(k for k in self.objects if k.startswith(prefix) and "/" not in k[len(prefix) :])
+            when = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
+            return {"Contents": [{"Key": k, "LastModified": when} for k in keys]}
+
+
+def manifests_of(data: bytes) -> dict[str, bytes]:
+    """The manifests of an input (apart by NUL), by name: the first line when it names one
+    (``NAME.stream.json``, directly under the prefix), else the name its stream makes (so that a fuzzed
+    stream is taken as named)."""
+    found: dict[str, bytes] = {}
+    for i, part in enumerate(data.split(b"\0")):
+        first, newline, rest = part.partition(b"\n")
+        if newline and first.endswith(b".stream.json") and b"/" not in first:
+            found[first.decode("utf-8", "replace")] = rest
+            continue
+        name = f"{uuid.UUID(int=i)}.{i}.stream.json"
+        with contextlib.suppress(
+            ValueError, RecursionError, TypeError, KeyError, AttributeError, OverflowError, Unnamed
+        ):
+            name = stream_name(json.loads(part)["stream"]) + ".json"
+        found.setdefault(name, part)
+    return found
+
+
+def written_back(entry: Entry, stream: dict[str, Any]) -> bytes:
+    """``entry``'s manifest as ``send --to s3://`` writes one (:func:`sendstream.ops.stored.manifest`)."""
+    objects = [{"key": key, "size": size} for key, size in entry.objects]
+    more: dict[str, Any] = {"stored": entry.stored, "objects": objects}
+    if entry.sealed:
+        more["encryption"] = {"cipher": CIPHER, "key": entry.sealed, "segment": SEGMENT}
+        for done, sizes in zip(objects, entry.parts, strict=True):
+            done["parts"] = list(sizes)
+    if entry.snapshot:
+        more["snapshot"] = entry.snapshot
+    return manifest(stream, size=entry.size, sha256=entry.sha256, commands=entry.commands, ledger=entry.ledger, **more)
+
+
+def entry_fields(entry: Entry) -> tuple[Any, ...]:
+    return tuple(getattr(entry, f.name) for f in dataclasses.fields(entry))
+
+
+def manifest_read(store: MemoryStore, name: str) -> Entry:
+    """``read_manifest``: an :class:`Entry` true to its name, or :class:`BadManifest` naming it."""
+    try:
+        entry = read_manifest(store, ARCHIVE, name)
+    except e.SendStreamError as exc:
+        one_of(exc, e.BadManifest, where="read_manifest")
+        expect(exc.streams == (name.removesuffix(".json"),), "manifest.BadManifest", exc.streams)
+        raise
+    expect(
+        identity_of(entry.name) == (entry.ident, entry.parent) and entry.name + ".json" == name, "manifest.name", name
+    )
+    expect(
+        [k for k, _ in entry.objects] == [entry.name] + [f"{entry.name}.{k}" for k in range(1, len(entry.objects))],
+        "manifest.objects",
+        entry.objects,
+    )
+    if entry.sealed:
+        held = sum(opened_size(part) for sizes in entry.parts for part in sizes)
+        expect([sum(p) for p in entry.parts] == [size for _, size in entry.objects], "manifest.parts", entry.parts)
+    else:
+        held = sum(size for _, size in entry.objects)
+    expect(held == entry.size, "manifest.size", (held, entry.size))
+    stream = json.loads(store.objects[ARCHIVE.key(name)])["stream"]
+    again = read_manifest(MemoryStore({ARCHIVE.key(name): written_back(entry, stream)}), ARCHIVE, name)
+    if entry_fields(again) != entry_fields(entry):
+        raise Finding("Mismatch@manifest.written-back", f"{entry_fields(entry)!r:.300} != {entry_fields(again)!r:.300}")
+    return entry
+
+
+def chain_checks(found: list[Entry], bad: list[e.BadManifest]) -> None:
+    """The archive's chains as ``archive ls``, ``restore`` and ``archive prune`` take them."""
+    expect(len({x.name for x in found}) == len(found), "entries.once", sorted(x.name for x in found))
+    by_ident = {x.ident: x for x in found}
+    circles: list[e.BadManifest] = []
+    trees = chains(found, circles)
+    placed = [x for tree in trees for _, x in tree]
+    stranded = {name for problem in circles for name in problem.streams}
+    expect(
+        len(placed) == len({x.name for x in placed})
+        and {x.name for x in placed} | stranded == {x.name for x in found}
+        and not stranded & {x.name for x in placed},
+        "chains.partition",
+        [x.name for x in found],
+    )
+    for tree in trees:
+        (depth, root), path = tree[0], []
+        expect(depth == 0 and (root.parent is None or root.parent not in by_ident), "chains.root", root.name)
+        for depth, entry in tree:
+            del path[depth:]
+            expect(depth == len(path) and (not path or entry.parent == path[-1].ident), "chains.tree", entry.name)
+            path.append(entry)
+            summary = json.dumps(dict(entry.summary(), depth=depth), sort_keys=True)  # archive ls --json
+            listed = {
+                "name": entry.name,
+                "uuid": entry.uuid,
+                "ctransid": entry.ctransid,
+                "parent_uuid": entry.parent[0] if entry.parent else None,
+                "parent_ctransid": entry.parent[1] if entry.parent else None,
+                "size": entry.size,
+                "stored": entry.stored,
+            }  # what the service lists of an archive
+            expect(
+                parse_listed(listed_line(listed)[len(LIST_PREFIX) :]) == listed
+                and json.loads(summary)["depth"] == depth,
+                "chains.listed",
+                listed,
+            )
+    for entry in found:
+        try:
+            chain = chain_to(found, f"{entry.uuid}.{entry.ctransid}", ARCHIVE)
+        except e.SendStreamError as exc:
+            one_of(exc, e.UsageError, where="chain_to")
+            full = entry.name in {x.name for tree in trees if tree[0][1].parent is None for _, x in tree}
+            expect(not full, "chain_to.refused", f"{entry.name}: {exc}")
+            continue
+        expect(chain[-1].ident == entry.ident and chain[0].parent is None, "chain_to.ends", entry.name)
+        expect(all(b.parent == a.ident for a, b in itertools.pairwise(chain)), "chain_to.links", entry.name)
+    for keep_last in (1, 2):
+        problems = list(bad)
+        kept, dropped = plan_prune(found, keep_last, found[0].stored if found else None, problems)
+        names = {x.name for x in kept}
+        expect(
+            names.isdisjoint(x.name for x in dropped) and len(kept) + len(dropped) == len(found), "prune.split", names
+        )
+        newest = sorted(found, key=lambda x: (x.stored, x.ctransid, x.name))[-keep_last:]
+        expect(all(x.name in names for x in newest), "prune.newest", names)
+        expect(all(x.parent not in by_ident or by_ident[x.parent].name in names for x in kept), "prune.parents", names)
+        expect(stranded <= names, "prune.circles", stranded)
+
+
+def target_manifest(data: bytes) -> None:
+    manifests = manifests_of(data)
+    store = MemoryStore({ARCHIVE.key(name): body for name, body in manifests.items()})
+    found: list[Entry] = []
+    bad: list[e.BadManifest] = []
+    for name in sorted(manifests):
+        try:
+            found.append(manifest_read(store, name))
+        except e.BadManifest as exc:
+            bad.append(exc)
+    chain_checks(found, bad)
+    if deep(data):  # the same through a listing, as the archive's readers take it, and as the service lists it
+        problems: list[e.BadManifest] = []
+        listed = entries(store, ARCHIVE, problems)
+        expect([x.name for x in listed] == [x.name for x in found] and len(problems) == len(bad), "entries", problems)
+
+
+UPLOADING = "5751d173-386b-2e48-a1ec-5e5bd918dd22.7.stream"  # the stream of tour(2), whose upload is resumed
+
+
+def signed(fields: Any) -> bytes:
+    """An upload state holding ``fields``, signed with the right key (as ``save`` signs one)."""
+    payload = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+    return json.dumps({"state": fields, "mac": state_mac(ARCHIVE_KEY, payload)}).encode()
+
+
+def state_read(store: MemoryStore) -> UploadState | None:
+    """``state.load``: a state, or a :class:`ResumeError` (of one line) that names it."""
+    try:
+        return load_state(store, ARCHIVE, UPLOADING, ARCHIVE_KEY)
+    except e.SendStreamError as exc:
+        one_of(exc, e.ResumeError, where="state.load")
+        raise
+
+
+def taken_up(earlier: UploadState) -> None:
+    """What ``send --to s3:// --resumable`` does with the state: the same state saved and read again is
+    equal; its sealing is held to the run's; the upload is taken up where the store has the parts it
+    names (the ledger expecting its checkpoint), and started over where the store lacks one."""
+    store = MemoryStore()
+    save_state(store, ARCHIVE, UPLOADING, earlier, ARCHIVE_KEY)
+    again = state_read(store)
+    if again != earlier:
+        raise Finding("Mismatch@state.saved-again", f"{earlier!r:.300} != {again!r:.300}")
+    for sealing in (None, SEALER.description):
+        try:
+            earlier.refuse_other_sealing(sealing, ARCHIVE, UPLOADING)
+            expect(sealing == earlier.sealing, "state.sealing", (sealing, earlier.sealing))
+        except e.SendStreamError as exc:
+            one_of(exc, e.ResumeError, where="refuse_other_sealing")
+    for lacking in (False, True):
+        listed = store.listed_parts = {number: size for number, _, size in earlier.parts[lacking:]}
+        whole = all(listed.get(number) == size for number, _, size in earlier.parts)
+        parts = Parts(store, ARCHIVE, key=ARCHIVE_KEY)
+        try:
+            parts._take_up(earlier)  # (the ledger checks the stream against the checkpoint as it comes)
+            expect(parts.resumed == (earlier.offset if whole else 0), "state.taken-up", (parts.resumed, earlier))
+        except e.SendStreamError:
+            pass
+        finally:
+            parts.stop()
+
+
+def states_written(data: bytes) -> None:
+    """Every state a resumable upload of tour(2) saves is read back as it was saved: in parts of 64, 256
+    or 1024 bytes (the input's first byte says which), objects of 1 to 4 parts (its second), sealed or
+    not (its third)."""
+    head = data[:3].ljust(3, b"\0")
+    part_size = (64, 256, 1024)[head[0] % 3]
+    store = MemoryStore()
+    sealer = SEALER if head[2] % 2 else None
+    uploaded(store, SMALL_STREAM, part_size=part_size, max_object=part_size * (1 + head[1] % 4), key=ARCHIVE_KEY,
+             sealer=sealer)  # fmt: skip
+    for key, body in store.written:
+        if key.endswith(STATE_SUFFIX):
+            saved = json.loads(body)["state"]
+            try:
+                loaded = state_read(MemoryStore({key: body}))
+            except e.SendStreamError as exc:
+                raise Finding("Refused@state.written", f"{exc}") from None
+            expect(loaded is not None and saved["parts"] == [list(p) for p in loaded.parts], "state.written", saved)
+
+
+def target_upload_state(data: bytes) -> None:
+    part(lambda: state_read(MemoryStore({ARCHIVE.key(UPLOADING + STATE_SUFFIX): data})))
+    if deep(data):
+        states_written(data)
+    try:
+        fields = json.loads(data)
+    except (ValueError, RecursionError):
+        return
+    earlier = state_read(MemoryStore({ARCHIVE.key(UPLOADING + STATE_SUFFIX): signed(fields)}))
+    if earlier is not None:
+        taken_up(earlier)
+
+
+# --- send --list: what the service answers ----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def answering(data: bytes) -> Iterator[Callable[[], PlainChannel]]:
+    """A ``connect`` for ``send --list`` whose every connection is answered with ``data``."""
+    ends: list[socket.socket] = []
+
+    def connect() -> PlainChannel:
+        ours, theirs = socket.socketpair()
+        ends.append(ours)
+        ours.sendall(data)
+        ours.shutdown(socket.SHUT_WR)
+        return PlainChannel(theirs)
+
+    try:
+        yield connect
+    finally:
+        for end in ends:
+            end.close()
+
+
+def listed_snapshots(data: bytes) -> list[dict[str, Any]]:
+    try:
+        with answering(data) as connect:
+            return list_held(connect)
+    except e.SendStreamError as exc:
+        one_of(exc, e.RemoteError, e.SessionError, where="list_held")
+        raise
+
+
+PRINTED = io.StringIO()  # one for the process: click keeps what it wraps each standard output in, for ever
+
+
+def printed(data: bytes, as_json: bool) -> list[str]:
+    """What ``send --list`` prints."""
+    PRINTED.seek(0)
+    PRINTED.truncate()
+    with contextlib.redirect_stdout(PRINTED), answering(data) as connect:
+        print_held(connect, as_json)
+    return PRINTED.getvalue().splitlines()
+
+
+def target_list_answer(data: bytes) -> None:
+    """The snapshots listed are flat JSON objects that the service's own writer writes back equal;
+    ``send --list`` prints one line each, escaped, and as JSON the same values."""
+    snapshots = listed_snapshots(data)
+    for snapshot in snapshots:
+        again = parse_listed(listed_line(snapshot)[len(LIST_PREFIX) :])
+        if again != snapshot:
+            raise Finding("Mismatch@list.written-back", f"{snapshot!r:.300} != {again!r:.300}")
+    text, lines = printed(data, False), printed(data, True)
+    expect(len(text) == len(lines) == len(snapshots), "list.lines", (len(text), len(lines), len(snapshots)))
+    expect(all(line.isprintable() for line in text), "list.printable", text)
+    expect([json.loads(line) for line in lines] == snapshots, "list.json", lines)
+
+
+# --- the store: a fake S3 endpoint that answers with the fuzzed input -------------------------------------------------
+
+ANSWER_APART = b"\n@@ "
+STORED = UPLOADING  # the stream the scenarios read and upload
+
+
+def _xml(body: str) -> bytes:
+    return b'<?xml version="1.0" encoding="UTF-8"?>\n' + body.encode()
+
+
+def _error(status: int, code: str) -> bytes:
+    return b"%d\nContent-Type: application/xml\n\n" % status + _xml(f"<Error><Code>{code}</Code></Error>")
+
+
+# What a request no answer of the input is for gets: an honest store's answer to it.
+DEFAULT_ANSWERS = {
+    "LIST": b"200\nContent-Type: application/xml\n\n"
+    + _xml(
+        '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>fuzz</Name>'
+        "<Prefix>archive/</Prefix><KeyCount>0</KeyCount><MaxKeys>1000</MaxKeys><Delimiter>/</Delimiter>"
+        "<IsTruncated>false</IsTruncated></ListBucketResult>"
+    ),
+    "PARTS": _error(404, "NoSuchUpload"),
+    "GET": _error(404, "NoSuchKey"),
+    "HEAD": b"404\n\n",
+    "CREATE": b"200\n\n"
+    + _xml(
+        '<InitiateMultipartUploadResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Bucket>fuzz</Bucket>'
+        "<Key>archive/x</Key><UploadId>fuzz-upload</UploadId></InitiateMultipartUploadResult>"
+    ),
+    "PART": b'200\nETag: "0f343b0931126a20f133d67c2b018a3b"\n\n',
+    "COMPLETE": b"200\n\n"
+    + _xml(
+        '<CompleteMultipartUploadResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Bucket>fuzz</Bucket>'
+        '<Key>archive/x</Key><ETag>"3858f62230ac3c915f300c664312c11f-2"</ETag></CompleteMultipartUploadResult>'
+    ),
+    "PUT": b'200\nETag: "0f343b0931126a20f133d67c2b018a3b"\n\n',
+    "DELETE": b"204\n\n",
+    "ABORT": b"204\n\n",
+    "DELETES": b"200\n\n" + _xml('<DeleteResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"></DeleteResult>'),
+}
+
+
+def answers_of(data: bytes) -> tuple[set[str], dict[str, bytes]]:
+    """The scenario of an input (the words of its first line) and its answers, by the request each is
+    for (the label on the line after ``@@``; see :meth:`FakeStore.labels`). An upload state's ``state``
+    is signed with the right key, so that the JSON is reached."""
+    first, *rest = data.split(ANSWER_APART)
+    answers: dict[str, bytes] = {}
+    for part in rest:
+        label, _, answer = part.partition(b"\n")
+        text = label.decode("utf-8", "replace").strip()
+        if text.startswith("GET ") and text.endswith(STATE_SUFFIX):
+            head, apart, body = answer.partition(b"\n\n")
+            with contextlib.suppress(ValueError, RecursionError, TypeError):
+                held = json.loads(body)
+                if apart and isinstance(held, dict) and "state" in held:
+                    answer = head + apart + signed(held["state"])
+        answers.setdefault(text, answer)
+    return set(first.decode("utf-8", "replace").split()), answers
+
+
+_FRAMED_STATUS = re.compile(rb"[2-5][0-9][0-9](?: [ -~]*)?")
+_PLAIN_HEADER = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+:[ -~]*")
+
+
+def response(answer: bytes, head_only: bool) -> tuple[bytes, bool]:
+    """The HTTP response an answer makes (``STATUS`` or a whole status line, header lines, an empty line,
+    the body; the body's Content-Length unless the answer says one, or its Transfer-Encoding), and whether
+    the connection may go on: only after a response framed as the server frames it, so that no lie about
+    a length, no chunk, no header a client reads otherwise than the server leaves bytes for the next one."""
+    head, _, body = answer.partition(b"\n\n")
+    status, *headers = head.split(b"\n")
+    status = status.strip() or b"200"
+    named = {h.partition(b":")[0].strip().lower() for h in headers}
+    keep = (
+        not named & {b"content-length", b"transfer-encoding", b"connection"}
+        and bool(_FRAMED_STATUS.fullmatch(status))
+        and (not body or status[:3] not in (b"204", b"304"))
+        and all(_PLAIN_HEADER.fullmatch(h) for h in headers)
+    )
+    if not named & {b"content-length", b"transfer-encoding"}:
+        headers.append(b"Content-Length: %d" % len(body))
+    if not keep:
+        headers.append(b"Connection: close")
+    line = status if status.startswith(b"HTTP/") else b"HTTP/1.1 " + status
+    return line + b"\r\n" + b"".join(h + b"\r\n" for h in headers) + b"\r\n" + (b"" if head_only else body), keep
+
+
+class FakeStore:
+    """An S3 endpoint on loopback in this process whose answers are an input's: each request is answered
+    by the answer labelled for it, or else as an honest store would (:data:`DEFAULT_ANSWERS`). Requests
+    are labelled by what they ask, not by when they come, so that readers in threads get the same answers
+    whatever their order: ``LIST N`` (the N-th page of a listing), ``PARTS N`` (of a list of parts),
+    ``GET NAME bytes=A-B`` (or ``GET NAME`` for any range), ``HEAD NAME``, ``CREATE NAME``,
+    ``PART NAME N``, ``COMPLETE NAME``, ``PUT NAME``, ``DELETE NAME``, ``ABORT NAME``, ``DELETES N``;
+    NAME is the key under the archive's prefix."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        store = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def answer(self) -> None:
+                if "chunked" in self.headers.get("Transfer-Encoding", ""):
+                    while size := int(self.rfile.readline().split(b";")[0], 16):
+                        self.rfile.read(size + 2)
+                    self.rfile.readline()
+                else:
+                    self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                labels = store.labels(self.command, self.path, self.headers.get("Range"))
+                found = next((store.answers[x] for x in labels if x in store.answers), None)
+                answer = DEFAULT_ANSWERS[labels[-1].split()[0]] if found is None else found
+                raw, keep = response(answer, self.command == "HEAD")
+                self.close_connection = not keep
+                with contextlib.suppress(OSError):  # a reader may stop before the end
+                    self.wfile.write(raw)
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = answer
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # (a client that went away)
+
+        self.answers: dict[str, bytes] = {}
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._server = Server(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, name="fake-store", daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def serve(self, answers: dict[str, bytes]) -> None:
+        with self._lock:
+            self.answers, self._counts = answers, {}
+
+    def _next(self, kind: str) -> str:
+        with self._lock:
+            n = self._counts[kind] = self._counts.get(kind, -1) + 1
+        return f"{kind} {n}"
+
+    def labels(self, method: str, target: str, wanted: str | None) -> list[str]:
+        """What a request may be answered by, the most precise first."""
+        url = urllib.parse.urlsplit(target)
+        query = dict(urllib.parse.parse_qsl(url.query, keep_blank_values=True))
+        name = urllib.parse.unquote(url.path).lstrip("/").partition("/")[2].removeprefix(ARCHIVE.prefix)
+        if method == "GET" and "list-type" in query:
+            return [self._next("LIST")]
+        if method == "GET" and "uploadId" in query:
+            return [self._next("PARTS")]
+        if method == "POST":
+            kind = "CREATE" if "uploads" in query else "DELETES" if "delete" in query else "COMPLETE"
+            return [f"{kind} {name}" if kind != "DELETES" else self._next(kind)]
+        if method == "PUT":
+            return [f"PART {name} {query['partNumber']}" if "partNumber" in query else f"PUT {name}"]
+        if method == "DELETE":
+            return [f"{'ABORT' if 'uploadId' in query else 'DELETE'} {name}"]
+        return ([f"{method} {name} {wanted}"] if wanted else []) + [f"{method} {name}"]
+
+
+FAKE_STORE: FakeStore | None = None
+_S3: Any = None
+
+
+def fake_s3() -> tuple[FakeStore, Any]:
+    """The fake endpoint, and a boto3 client of it: as ``connect`` makes one, but without retries (they
+    would ask again what was answered, after a wait) and with short timeouts."""
+    global FAKE_STORE, _S3
+    if FAKE_STORE is None:
+        import boto3
+        from botocore.config import Config as BotoConfig
+
+        FAKE_STORE = FakeStore()
+        config = BotoConfig(
+            max_pool_connections=STORE_POOL,
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            connect_timeout=5,
+            read_timeout=5,
+        )
+        session = boto3.session.Session(aws_access_key_id="fuzz", aws_secret_access_key="fuzz", region_name="us-east-1")
+        _S3 = session.client("s3", endpoint_url=FAKE_STORE.url, config=config)
+    return FAKE_STORE, _S3
+
+
+class Handed:
+    """What a reader hands on: its size and SHA-256, with one stream header before a command."""
+
+    def __init__(self) -> None:
+        self.size, self.digest = 0, hashlib.sha256()
+
+    def __call__(self, data: Any) -> None:
+        self.size += len(data)
+        self.digest.update(data)
+
+
+def store_read(s3: Any, words: set[str]) -> None:
+    """``verify`` (or with ``restore``: ``restore``) of the stream the fuzzed manifest names: what goes
+    on is the manifest's stream to the byte (its size and SHA-256)."""
+    entry = read_manifest(s3, ARCHIVE, STORED + ".json")
+    handed = Handed()
+    key = SEALER if entry.sealed else None
+    if "restore" in words:
+        restore_chain(s3, ARCHIVE, [entry], handed, key, consumer="btrfs receive")
+    else:
+        check_stored(s3, ARCHIVE, entry, handed, key)
+    expect(handed.size == entry.size, "store.read-size", (handed.size, entry.size))
+    expect("restore" in words or handed.digest.hexdigest() == entry.sha256, "store.read-sha256", entry.sha256)
+
+
+def store_ls(s3: Any, words: set[str]) -> None:
+    """``archive ls`` (with ``prune``: then ``archive prune --keep-last 1``, the store's word on each deletion
+    taken)."""
+    problems: list[e.BadManifest] = []
+    found = entries(s3, ARCHIVE, problems)
+    chain_checks(found, problems)
+    if "prune" in words:
+        for entry in plan_prune(found, 1, None, problems)[1]:
+            remove(s3, ARCHIVE, entry)
+
+
+def store_resume(s3: Any) -> None:
+    """A resumable upload's state and the parts the store lists, as ``send --to s3:// --resumable`` takes them up."""
+    earlier = load_state(s3, ARCHIVE, STORED, ARCHIVE_KEY)
+    if earlier is not None:
+        parts = Parts(s3, ARCHIVE, key=ARCHIVE_KEY)
+        try:
+            parts._take_up(earlier)
+        finally:
+            parts.stop()
+
+
+def store_upload(s3: Any, words: set[str]) -> None:
+    """``send --to s3://`` of a clean stream (``resumable``, ``sealed``, ``change``: --change-sealing)."""
+    done = upload(
+        io.BytesIO(SMALL_STREAM),
+        ARCHIVE,
+        s3,
+        part_size=STORE_PART,
+        key=ARCHIVE_KEY if "resumable" in words else None,
+        sealer=SEALER if "sealed" in words else None,
+        change_sealing="change" in words,
+    )
+    expect(done.size == len(SMALL_STREAM) and done.url == ARCHIVE.url(STORED), "store.uploaded", done)
+
+
+def target_store(data: bytes) -> None:
+    store, s3 = fake_s3()
+    words, answers = answers_of(data)
+    store.serve(answers)
+    try:
+        if "ls" in words:
+            store_ls(s3, words)
+        elif "resume" in words:
+            store_resume(s3)
+        elif "upload" in words:
+            store_upload(s3, words)
+        else:
+            store_read(s3, words)
+    except e.SendStreamError as exc:
+        one_of(exc, e.SendStreamError, where="store")
+        raise
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "decoder": target_decoder,
     "repair": target_repair,
@@ -881,14 +1723,32 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "convert": target_convert,
     "extract": target_extract,
     "session": target_session,
+    "config": target_config,
+    "manifest": target_manifest,
+    "upload-state": target_upload_state,
+    "list-answer": target_list_answer,
+    "store": target_store,
 }
 STREAM_TARGETS = {"decoder", "repair", "changes", "dump", "convert", "extract"}
 # -max_len unless given. Time grows with the commands of an input, and the corpus drifts to
 # the longest; 2 KiB still holds more than ProblemLog.KEEP (100) problems of 10-byte commands,
 # where problems are counted instead of kept. repair: more than the Healer's 100 restarts kept
 # (27 bytes each at least); session: a line past the 64 KiB limit.
-MAX_LEN = {"decoder": 2048, "repair": 3072, "changes": 2048, "dump": 2048, "convert": 2048, "extract": 2048,
-           "session": 70000}  # fmt: skip
+MAX_LEN = {
+    "decoder": 2048,
+    "repair": 3072,
+    "changes": 2048,
+    "dump": 2048,
+    "convert": 2048,
+    "extract": 2048,
+    "session": 70000,
+    "config": 8192,
+    "manifest": 16384,
+    "upload-state": 8192,
+    "list-answer": 70000,
+    "store": 20000,
+}
+STORE_PART = 256  # the part size of the store target's uploads (of tour(2), 1027 bytes)
 DEEP_EVERY_FUZZING = 8
 SEED_SIZE = 1 << 10  # seeds of the fixtures: about 2 KiB, the -max_len of most targets
 
@@ -1038,8 +1898,320 @@ def session_seeds() -> dict[str, bytes]:
     }
 
 
+def config_seeds() -> dict[str, bytes]:
+    """serve.toml as the README has it, and with every kind of client (places relative to the file)."""
+    readme = (REPO / "README.md").read_text()
+    example = readme[readme.index('listen = "*:7000"') :]
+    example = example[: example.index("```")]
+    example = example.replace("/srv/streams/web1", "srv/streams/web1").replace("/mnt/backup/db1", "mnt/backup/db1")
+    several = """listen = "[::1]:7000"
+tls = "tls12-aes256-gcm"
+max_transfers = 64
+max_per_client = 4
+handshake_timeout = 2.5
+idle_timeout = 0
+journal_days = 0.5
+
+[clients.web1]
+key = "keys/web1.key"
+store = "srv/streams/web1"
+quota = 500000000000
+trusted = ["10.1.2.3", "10.1.0.0/16", "fd00::/8"]
+
+[clients."db1"]
+key = "keys/db1.key"
+receive = "mnt/backup/db1"
+trusted = ["::ffff:10.2.0.0/112"]
+
+[clients."app-2.x"]
+key = "keys/app.key"
+store = "s3://backups/hosts/app/"
+
+[clients.Arch_1]
+key = "keys/text.key"
+store = "srv/link/../../other"
+quota = "1.5T"
+"""
+    return {
+        "readme": example.encode(),
+        "several": several.encode(),
+        "minimal": b'listen = "127.0.0.1:7000"\n[clients.alpha]\nkey = "keys/web1.key"\nstore = "srv/other"\n',
+        "inline": b'listen = "*:7000"\nclients = { a = { key = "keys/db1.key", receive = "mnt/backup/db2" },'
+        b' b = { key = "keys/web1.key", store = "srv/link" } }\n',
+        "shared-place": several.replace("srv/link/../../other", "srv/streams").encode(),
+        "shared-key": several.replace("keys/text.key", "keys/copy.key").encode(),
+        "overlapping": several.replace('"::ffff:10.2.0.0/112"', '"10.1.2.0/24"').encode(),
+    }
+
+
+def stream_of(uuid_: str, ctransid: int, parent: tuple[str, int] | None = None, data: int = 64) -> bytes:
+    """A small stream that makes snapshot ``uuid_`` at ``ctransid`` (from ``parent``), with ``data`` bytes
+    written (in writes of 48 KiB)."""
+    first = (
+        ("snapshot", [("path", b"snap"), ("uuid", uuid.UUID(uuid_)), ("ctransid", ctransid),
+                      ("clone_uuid", uuid.UUID(parent[0])), ("clone_ctransid", parent[1])])
+        if parent else ("subvol", [("path", b"snap"), ("uuid", uuid.UUID(uuid_)), ("ctransid", ctransid)])
+    )  # fmt: skip
+    chunk = 48 << 10
+    writes = [
+        ("write", [("path", b"f"), ("file_offset", at), ("data", bytes([at % 251]) * min(chunk, data - at))])
+        for at in range(0, data, chunk)
+    ]
+    return stream(2, first, ("mkfile", [("path", b"f"), ("ino", 257)]), *writes)
+
+
+def uploaded(store: MemoryStore, data: bytes, **options: Any) -> str:
+    """``send --to s3://`` of ``data`` into ``store``: the stream's name."""
+    done = upload(io.BytesIO(data), ARCHIVE, store, change_sealing=True, host="web1.example", **options)
+    return done.url.rpartition("/")[2]
+
+
+A, B, C = (
+    "7f6b4a1e-9c3d-4e2f-8a1b-2c3d4e5f6a7b",
+    "0d1e2f3a-4b5c-4d6e-9f8a-7b6c5d4e3f2a",
+    "a0b1c2d3-e4f5-4a6b-8c7d-e8f9a0b1c2d3",
+)
+
+
+def archive_seeds() -> tuple[MemoryStore, dict[str, str]]:
+    """A store that ``send --to s3://`` wrote: a chain (a full stream in three objects, two incrementals
+    from it), a stream sealed in three parts and two objects, two streams built on each other, the
+    resumable upload of tour(2) (its every state kept); and the names of each."""
+    store = MemoryStore()
+    names = {
+        "full": uploaded(store, stream_of(A, 10, data=3000), part_size=1024, max_object=2048),
+        "incr": uploaded(store, stream_of(B, 20, (A, 10)), part_size=1024),
+        "incr2": uploaded(store, stream_of(C, 30, (B, 20))),
+        "sealed": uploaded(
+            store, stream_of(C, 40, (B, 20), data=11 << 20), part_size=MIN_PART, max_object=11 << 20, sealer=SEALER
+        ),
+    }
+    circle = MemoryStore()
+    names["circle-a"] = uploaded(circle, stream_of(A, 50, (B, 60)))
+    names["circle-b"] = uploaded(circle, stream_of(B, 60, (A, 50)))
+    store.objects.update((k, v) for k, v in circle.objects.items() if k.endswith(".json"))
+    names["tour"] = uploaded(store, SMALL_STREAM, part_size=256, key=ARCHIVE_KEY)
+    return store, names
+
+
+def manifest_of(store: MemoryStore, name: str) -> bytes:
+    return store.objects[ARCHIVE.key(name + ".json")]
+
+
+def manifest_seeds() -> dict[str, bytes]:
+    store, names = archive_seeds()
+    chain = [manifest_of(store, names[n]) for n in ("full", "incr", "incr2")]
+    return {
+        "chain": b"\0".join(chain),
+        "chain-named": b"\0".join(
+            f"{names[n]}.json\n".encode() + m for n, m in zip(("full", "incr", "incr2"), chain, strict=True)
+        ),
+        "sealed": manifest_of(store, names["sealed"]),
+        "sealed-chain": b"\0".join([*chain, manifest_of(store, names["sealed"])]),
+        "circle": b"\0".join(manifest_of(store, names[n]) for n in ("full", "circle-a", "circle-b")),
+        "orphan": manifest_of(store, names["incr2"]),
+    }
+
+
+def state_seeds() -> dict[str, bytes]:
+    """The states of resumable uploads as ``send --to s3:// --resumable`` saves them, part by part: their
+    ``state`` (the harness signs it), and one whole as saved."""
+    seeds: dict[str, bytes] = {}
+    for sealed in (False, True):
+        store = MemoryStore()
+        uploaded(store, SMALL_STREAM, part_size=256, max_object=600, key=ARCHIVE_KEY, sealer=SEALER if sealed else None)
+        saved = [body for key, body in store.written if key.endswith(STATE_SUFFIX)]
+        for n in (0, len(saved) // 2, len(saved) - 1):
+            seeds[f"{'sealed' if sealed else 'plain'}-{n}"] = json.dumps(json.loads(saved[n])["state"]).encode()
+        seeds[f"{'sealed' if sealed else 'plain'}-whole"] = saved[-1]
+    return seeds
+
+
+def list_seeds() -> dict[str, bytes]:
+    """The service's answers to ``send --list``: of an archive, of received subvolumes (a name that is
+    not UTF-8 among them), none, and a refusal."""
+    store, _ = archive_seeds()
+    archived = held(ServiceClient("web1", b"k", ARCHIVE.url()), store)
+    received = [
+        {**held_name(b"snap\xe9-1"), "uuid": A, "ctransid": 10, "parent_uuid": None, "parent_ctransid": None},
+        {**held_name(b"snap-2"), "uuid": B, "ctransid": 20, "parent_uuid": A, "parent_ctransid": 10},
+    ]
+    return {
+        "archive": b"".join(map(listed_line, archived)) + status_line(0, f"{len(archived)} snapshots"),
+        "received": b"".join(map(listed_line, received)) + status_line(0, "2 snapshots"),
+        "empty": status_line(0, "0 snapshots"),
+        "refused": status_line(e.EXIT_USAGE, "refused: the key of web1 is not a client's"),
+    }
+
+
+def store_answer(status: int, body: bytes, *headers: str) -> bytes:
+    return f"{status}\n".encode() + b"".join(h.encode() + b"\n" for h in headers) + b"\n" + body
+
+
+def listing_answer(keys: list[str], token: str | None = None, next_token: str | None = None) -> bytes:
+    contents = "".join(
+        f"<Contents><Key>{ARCHIVE.key(k)}</Key><LastModified>2026-12-01T06:00:{n:02d}.000Z</LastModified>"
+        f'<ETag>"d41d8cd98f00b204e9800998ecf8427e"</ETag><Size>{100 + n}</Size><StorageClass>STANDARD</StorageClass>'
+        "</Contents>"
+        for n, k in enumerate(keys)
+    )
+    more = (
+        f"<IsTruncated>true</IsTruncated><NextContinuationToken>{next_token}</NextContinuationToken>"
+        if next_token
+        else "<IsTruncated>false</IsTruncated>"
+    )
+    return store_answer(
+        200,
+        _xml(
+            f'<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>fuzz</Name><Prefix>{ARCHIVE.prefix}</Prefix>'
+            + (f"<ContinuationToken>{token}</ContinuationToken>" if token else "")
+            + f"<KeyCount>{len(keys)}</KeyCount><MaxKeys>1000</MaxKeys><Delimiter>/</Delimiter>{more}{contents}"
+            "<CommonPrefixes><Prefix>archive/old/</Prefix></CommonPrefixes></ListBucketResult>"
+        ),
+        "Content-Type: application/xml",
+        "x-amz-request-id: 1800A2B3C4D5E6F7",
+    )
+
+
+def object_answers(store: MemoryStore, name: str) -> list[tuple[str, bytes]]:
+    """The ranged GETs of stream ``name`` as ``verify`` asks them, answered with what the store holds."""
+    entry = read_manifest(store, ARCHIVE, name + ".json")
+    found = []
+    for obj, start, end, *_ in reading_ranges(entry):
+        data = store.objects[ARCHIVE.key(obj)]
+        found.append(
+            (
+                f"GET {obj} bytes={start}-{end - 1}",
+                store_answer(
+                    206,
+                    data[start:end],
+                    "Content-Type: binary/octet-stream",
+                    f"Content-Range: bytes {start}-{end - 1}/{len(data)}",
+                    'ETag: "5d41402abc4b2a76b9719d911017c592"',
+                ),
+            )
+        )
+    return found
+
+
+def store_seeds() -> dict[str, bytes]:
+    """Inputs of the fake store: answers as S3 gives them, to what ``verify``, ``restore``, ``archive ls``
+    and ``send --to s3://`` (resumed) ask, and its errors."""
+    store, names = archive_seeds()
+    tour_store = MemoryStore()
+    uploaded(tour_store, SMALL_STREAM, part_size=256, max_object=600)
+    sealed_store = MemoryStore()
+    uploaded(sealed_store, SMALL_STREAM, sealer=SEALER)
+    manifest_answer = functools.partial(store_answer, 200)
+
+    def scenario(words: str, *answers: tuple[str, bytes]) -> bytes:
+        return words.encode() + b"".join(ANSWER_APART + label.encode() + b"\n" + answer for label, answer in answers)
+
+    def got(s: MemoryStore, name: str) -> tuple[str, bytes]:
+        return f"GET {name}.json", manifest_answer(manifest_of(s, name), "Content-Type: application/json")
+
+    chain = [names[n] for n in ("full", "incr", "incr2", "circle-a", "circle-b")]
+    kept = [names[n] for n in ("full", "incr", "incr2", "sealed")]
+    saved = [body for key, body in store.written if key.endswith(STATE_SUFFIX)]
+    state = json.loads(saved[len(saved) // 2])
+    parts = "".join(
+        f"<Part><PartNumber>{n}</PartNumber><LastModified>2026-12-01T06:00:00.000Z</LastModified>"
+        f"<ETag>{etag}</ETag><Size>{size}</Size></Part>"
+        for n, etag, size in state["state"]["parts"]
+    )
+    listed_parts = store_answer(
+        200,
+        _xml(
+            f'<ListPartsResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Bucket>fuzz</Bucket><Key>archive/{STORED}</Key>'
+            f"<UploadId>{state['state']['upload_id']}</UploadId><PartNumberMarker>0</PartNumberMarker>"
+            f"<MaxParts>1000</MaxParts><IsTruncated>false</IsTruncated>{parts}</ListPartsResult>"
+        ),
+    )
+    state_answer = (f"GET {STORED}{STATE_SUFFIX}", store_answer(200, json.dumps(state).encode()))
+    return {
+        "verify": scenario("verify", got(tour_store, STORED), *object_answers(tour_store, STORED)),
+        "verify-sealed": scenario("verify", got(sealed_store, STORED), *object_answers(sealed_store, STORED)),
+        "restore": scenario("restore", got(tour_store, STORED), *object_answers(tour_store, STORED)),
+        "verify-busy": scenario("verify", (f"GET {STORED}.json", _error(503, "SlowDown"))),
+        "ls": scenario(
+            "ls", ("LIST 0", listing_answer([f"{n}.json" for n in chain] + chain)), *(got(store, n) for n in chain)
+        ),
+        "ls-pages": scenario(
+            "ls",
+            ("LIST 0", listing_answer([f"{chain[0]}.json"], None, "page-2")),
+            ("LIST 1", listing_answer([f"{chain[1]}.json"], "page-2")),
+            got(store, chain[0]),
+            got(store, chain[1]),
+        ),
+        "prune": scenario(  # the newest builds on full and incr: incr2 goes
+            "ls prune",
+            ("LIST 0", listing_answer([f"{n}.json" for n in kept])),
+            *(got(store, n) for n in kept),
+            (
+                "DELETES 0",
+                store_answer(200, _xml(deleted([f"{names['incr2']}.json"])), "Content-Type: application/xml"),
+            ),
+            ("DELETES 1", store_answer(200, _xml(deleted([], names["incr2"])), "Content-Type: application/xml")),
+        ),
+        "resume": scenario("resume", state_answer, ("PARTS 0", listed_parts)),
+        "upload": scenario(
+            "upload resumable",
+            ("LIST 0", listing_answer([f"{names['incr2']}.json"])),
+            got(store, names["incr2"]),
+            state_answer,
+            ("PARTS 0", listed_parts),
+        ),
+        "upload-sealed": scenario("upload sealed", ("HEAD " + STORED + ".json", b"404\n\n")),
+        "upload-answered": scenario("upload resumable sealed", *upload_answers()),
+    }
+
+
+def deleted(names: list[str], refused: str | None = None) -> str:
+    """S3's answer to DeleteObjects: ``names`` deleted, ``refused`` not."""
+    done = "".join(f"<Deleted><Key>{ARCHIVE.key(n)}</Key></Deleted>" for n in names)
+    if refused is not None:
+        done += (
+            f"<Error><Key>{ARCHIVE.key(refused)}</Key><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+        )
+    return f'<DeleteResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">{done}</DeleteResult>'
+
+
+def upload_answers() -> list[tuple[str, bytes]]:
+    """Every request of a resumable upload of tour(2) in four parts, answered as S3 answers it."""
+    etag = 'ETag: "9b2cf535f27731c974343645a3985328"'
+    created = _xml(
+        '<InitiateMultipartUploadResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Bucket>fuzz</Bucket>'
+        f"<Key>{ARCHIVE.key(STORED)}</Key><UploadId>VXBsb2FkIElEIGZvciA2aWWpbmcncyBteS1tb3ZpZS5tMnRzIHVwbG9hZA"
+        "</UploadId></InitiateMultipartUploadResult>"
+    )
+    completed = _xml(
+        '<CompleteMultipartUploadResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Location>'
+        f"http://fuzz.s3.amazonaws.com/{ARCHIVE.key(STORED)}</Location><Bucket>fuzz</Bucket><Key>"
+        f'{ARCHIVE.key(STORED)}</Key><ETag>"3858f62230ac3c915f300c664312c11f-4"</ETag></CompleteMultipartUploadResult>'
+    )
+    return [
+        ("LIST 0", listing_answer([])),
+        (f"HEAD {STORED}.json", b"404\nx-amz-request-id: 4442587FB7D0A2F9\n\n"),
+        (f"GET {STORED}{STATE_SUFFIX}", _error(404, "NoSuchKey")),
+        (f"CREATE {STORED}", store_answer(200, created, "Content-Type: application/xml")),
+        *((f"PART {STORED} {n}", store_answer(200, b"", etag, "x-amz-checksum-crc32c: sOO8/Q==")) for n in range(1, 5)),
+        (f"PUT {STORED}{STATE_SUFFIX}", store_answer(200, b"", etag)),
+        (f"COMPLETE {STORED}", store_answer(200, completed, "Content-Type: application/xml")),
+        (f"PUT {STORED}.json", store_answer(200, b"", etag)),
+        (f"DELETE {STORED}{STATE_SUFFIX}", b"204\n\n"),
+    ]
+
+
 def seeds(target: str) -> dict[str, bytes]:
-    return session_seeds() if target == "session" else stream_seeds()
+    made = {
+        "session": session_seeds,
+        "config": config_seeds,
+        "manifest": manifest_seeds,
+        "upload-state": state_seeds,
+        "list-answer": list_seeds,
+        "store": store_seeds,
+    }
+    return made.get(target, stream_seeds)()
 
 
 SESSION_DICT = [
@@ -1047,6 +2219,38 @@ SESSION_DICT = [
     b'"commands"', b'"ledger"', b'"uuid"', b'"prefix"', b'"sha256"', b"null", b"true", b"[", b"{", b"}", b"]",
     b"\\u0000", b"1e999", b"-1", b"\xb2", TOKEN_PREFIX.encode(),
 ]  # fmt: skip
+_JSON_DICT = [b"null", b"true", b"false", b"[", b"{", b"}", b"]", b"\\u0000", b"1e999", b"-1", b"18446744073709551616",
+              b"9223372036854775808", b"\\ud800", b'""']  # fmt: skip
+# Tokens of each target's format (libFuzzer's -dict), beside what it learns from the seeds.
+DICTS = {
+    "session": SESSION_DICT,
+    "config": [b"[clients.", b"[[clients]]", b'key = "keys/', b'store = "', b'receive = "mnt/backup/', b"trusted = [",
+               b'quota = "', b'listen = "', b'tls = "', b"max_transfers = ", b"max_per_client = ",
+               b"handshake_timeout = ", b"idle_timeout = ", b"journal_days = ", b"s3://", b"srv/link", b"srv/file",
+               b"keys/copy.key", b"keys/open.key", b"keys/empty.key", b"keys/bad.key", b"keys/text.key", b"::ffff:",
+               b"/104", b"/0", b"fd00::/8", b"%eth0", b"inf", b"nan", b"1e308", b"0x7fffffffffffffff", b"\\u0000",
+               b"'''", b'"""', b"\n", "\u00b2".encode(), "\u0661".encode()],
+    "manifest": [*_JSON_DICT, b'"format"', b'"sendstream-manifest-1"', b'"stream"', b'"objects"', b'"key"', b'"size"',
+                 b'"parts"', b'"encryption"', b'"cipher"', b'"AES-256-GCM"', b'"segment"', b"8388608", b"5242880",
+                 b"8388636", b'"parent_uuid"', b'"parent_ctransid"', b'"ctransid"', b'"uuid"', b'"stored"',
+                 b'"snapshot"', b".stream.json\n", b".from.", b"\0"],
+    "upload-state": [*_JSON_DICT, b'"state"', b'"mac"', b'"format"', b'"sendstream-upload-2"', b'"upload_id"',
+                     b'"objects"', b'"parts"', b'"offset"', b'"commands"', b'"ledger"', b'"sealing"', b'"segment"',
+                     b'"key"', b'"size"', b'"stream"'],
+    "list-answer": [*_JSON_DICT, LIST_PREFIX, STATUS_PREFIX, b"ack ", MAGIC + b" 1 ", b'"name"', b'"name_base64"',
+                    b'"uuid"', b'"ctransid"', b'"parent_uuid"', b'"parent_ctransid"', b'"size"', b'"stored"',
+                    b"\x1b[2J", b"\xe9"],
+    "store": [ANSWER_APART + b"GET ", ANSWER_APART + b"LIST 1\n", ANSWER_APART + b"PARTS 0\n", ANSWER_APART + b"HEAD ",
+              ANSWER_APART + b"PUT ", ANSWER_APART + b"PART ", ANSWER_APART + b"CREATE ", ANSWER_APART + b"COMPLETE ",
+              b"HTTP/1.0 ", b"Content-Length: ", b"Content-Range: bytes ", b"Transfer-Encoding: chunked",
+              b"Content-Encoding: gzip", b"Content-Type: application/xml", b"x-amz-checksum-crc32c: ", b"ETag: ",
+              b"Last-Modified: ", b"<Contents>", b"</Contents>", b"<Key>", b"</Key>", b"<LastModified>",
+              b"<IsTruncated>true</IsTruncated>", b"<NextContinuationToken>", b"<CommonPrefixes>", b"<Part>",
+              b"<PartNumber>", b"<Size>", b"<ETag>", b"<UploadId>", b"<Error><Code>", b"NoSuchKey", b"SlowDown",
+              b"InternalError", b"AccessDenied", b"NoSuchUpload", b"\n\n", b"200", b"206", b"204", b"301", b"304",
+              b"307", b"400", b"403", b"404", b"416", b"500", b"503", b"&amp;", b"&#0;", b"<![CDATA[", b"<!DOCTYPE",
+              b"ls\n", b"resume\n", b"restore\n", b"upload resumable sealed change\n", b".upload", b".json"],
+}  # fmt: skip
 
 
 # --- the structure-aware mutator --------------------------------------------------------------------------------------
@@ -1242,6 +2446,15 @@ class Runner:
             raise
 
 
+def remove_scratch() -> None:
+    """The scratch directory of ``extract`` or ``config``, when the run made one."""
+    if SCRATCH is not None:
+        SCRATCH.remove()
+        SCRATCH.base.rmdir()
+    if PLACES is not None:
+        _remove(PLACES.base)
+
+
 def replay(runner: Runner, paths: list[str]) -> int:
     """Each file once, with a JSON line of its outcome; the number of crashes."""
     files = []
@@ -1267,9 +2480,7 @@ def replay(runner: Runner, paths: list[str]) -> int:
             if SCRATCH is not None:
                 SCRATCH.reset()
         print(json.dumps(result), flush=True)
-    if SCRATCH is not None:
-        SCRATCH.remove()
-        SCRATCH.base.rmdir()
+    remove_scratch()
     return crashes
 
 
@@ -1356,9 +2567,9 @@ def fuzz(target: str, options: dict[str, Any], args: list[str]) -> None:
     }
     if target == "extract":
         defaults["-handle_xfsz"] = "0"  # a write past RLIMIT_FSIZE fails with EFBIG (SIGXFSZ ignored)
-    if target == "session":
-        dict_path = WORK / "session.dict"
-        dict_path.write_text("".join(f'"{_dict_escape(t)}"\n' for t in SESSION_DICT))
+    if target in DICTS:
+        dict_path = WORK / f"{target}.dict"
+        dict_path.write_text("".join(f'"{_dict_escape(t)}"\n' for t in DICTS[target]))
         defaults["-dict"] = str(dict_path)
     given = {f.split("=", 1)[0] for f in flags}
     flags += [f"{k}={v}" for k, v in defaults.items() if k not in given]
@@ -1418,9 +2629,13 @@ def main(argv: list[str]) -> int:
     global SKIP_KNOWN, DEEP_EVERY
     SKIP_KNOWN = bool(options["skip_known"])
     DEEP_EVERY = 1 if replaying or minimizing else max(1, int(options["deep_every"]))
+    if "MALLOC_ARENA_MAX" not in os.environ:
+        # the archive's readers and writers are threads, each with a malloc arena of 64 MiB of address space
+        # that RLIMIT_AS counts: 2 arenas, as the memory bounds of the archive are measured
+        os.execve(sys.executable, [sys.executable, __file__, *argv], {**os.environ, "MALLOC_ARENA_MAX": "2"})
     SMALL_STREAM = tour(2)
     limit_memory(options["memory_mb"])
-    if target == "extract" and not replaying and not minimizing and SCRATCH_ENV not in os.environ:
+    if target in ("extract", "config") and not replaying and not minimizing and SCRATCH_ENV not in os.environ:
         # libFuzzer ends the process without Python's clean-up: a parent removes the scratch directory
         base = scratch_base()
         try:
@@ -1436,9 +2651,7 @@ def main(argv: list[str]) -> int:
         small = minimize(TARGETS[target], source.read_bytes())
         dest.write_bytes(small)
         print(f"fuzz: {len(small)} bytes, {outcome(TARGETS[target], small)}", file=sys.stderr)
-        if SCRATCH is not None:
-            SCRATCH.remove()
-            SCRATCH.base.rmdir()
+        remove_scratch()
         return 0
     fuzz(target, options, args)
     return 0

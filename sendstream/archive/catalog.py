@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import errors as e
-from ..ops.identity import check_identity, checked_integer, load_json, short_json
+from ..ops.identity import check_identity, checked_integer, load_json, printable, short_json
 from ..ops.stored import MANIFEST_FORMAT, stream_name
 from .seal import CIPHER, SEGMENT, opened_size
 from .store import Location, calling, missing
@@ -112,9 +112,10 @@ def listing(s3: Any, location: Location) -> Iterator[tuple[str, datetime.datetim
 
 
 def entries(s3: Any, location: Location, problems: list[e.BadManifest] | None = None) -> list[Entry]:
-    """Every stream archived directly under ``location``, by name. A manifest that cannot be taken is left
-    out, and added to ``problems`` when given; one deleted since the listing is left out."""
-    names = sorted(name for name, _ in listing(s3, location) if name.endswith(MANIFEST_SUFFIX))
+    """Every stream archived directly under ``location``, by name (once, though a store lists it twice). A
+    manifest that cannot be taken is left out, and added to ``problems`` when given; one deleted since the
+    listing is left out."""
+    names = sorted({name for name, _ in listing(s3, location) if name.endswith(MANIFEST_SUFFIX)})
     spent, lock = 0, threading.Lock()
 
     def spend(size: int) -> None:
@@ -151,7 +152,7 @@ def entries(s3: Any, location: Location, problems: list[e.BadManifest] | None = 
 def read_manifest(s3: Any, location: Location, name: str, spend: Callable[[int], object] | None = None) -> Entry:
     """The manifest ``name`` (``NAME.stream.json``) under ``location`` (``spend`` hears its size before it
     is read on); :class:`~sendstream.errors.BadManifest` when it cannot be taken."""
-    url = location.url(name)
+    url = printable(location.url(name))  # (a key in the listing may hold anything)
     with calling(url):
         body = s3.get_object(Bucket=location.bucket, Key=location.key(name), Range=f"bytes=0-{MAX_MANIFEST}")["Body"]
         try:
@@ -255,7 +256,7 @@ def _sealing(
 
 def _shown(ident: tuple[Ident, Ident | None]) -> str:
     (uuid, ctransid), parent = ident
-    return f"{uuid} at ctransid {ctransid}" + (f" from {parent[0]} at {parent[1]}" if parent else "")
+    return printable(f"{uuid} at ctransid {ctransid}" + (f" from {parent[0]} at {parent[1]}" if parent else ""))
 
 
 def chains(found: list[Entry], problems: list[e.BadManifest] | None = None) -> list[list[tuple[int, Entry]]]:
@@ -398,4 +399,6 @@ def remove(s3: Any, location: Location, entry: Entry) -> None:
             )
         if answer.get("Errors"):
             error = answer["Errors"][0]
-            raise e.StoreError(location.url(error["Key"][len(location.prefix) :]), f"not deleted: {error.get('Code')}")
+            said = error.get("Key")  # (the store may leave it out, or name a key that is not ours)
+            name = said[len(location.prefix) :] if isinstance(said, str) and said.startswith(location.prefix) else ""
+            raise e.StoreError(location.url(name or keys[0]), f"not deleted: {short_json(error.get('Code'))}")

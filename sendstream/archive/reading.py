@@ -33,7 +33,7 @@ from ..codec.framer import Framer
 from ..format.command import Command
 from ..format.layout import COMMAND_HEADER_SIZE, STREAM_MAGIC
 from ..io.windows import file_events
-from ..ops.identity import describe, made_by, snapshot_name
+from ..ops.identity import describe, made_by, printable, snapshot_name
 from ..ops.ledger import Ledger
 from ..ops.repair import Healer
 from ..ops.stored import Unnamed, stream_name
@@ -192,8 +192,11 @@ def check(
         *([("SHA-256", entry.sha256, digest.hexdigest())] if digest is not None else []),
     ):
         if expected != actual:
-            raise e.ManifestMismatch(
-                f"its {what} is not its manifest's", offset=healer.written, expected=expected, actual=actual
+            raise e.ManifestMismatch(  # (what the manifest says, escaped: it may hold anything)
+                f"its {what} is not its manifest's",
+                offset=healer.written,
+                expected=printable(str(expected)),
+                actual=actual,
             )
 
 

@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import errors as e
-from ..ops.identity import check_identity, checked_integer, load_json
+from ..ops.identity import check_identity, checked_integer, load_json, printable
 from ..ops.ledger import Checkpoint
 from .store import Location, calling, missing
 
 STATE_SUFFIX = ".upload"
 STATE_FORMAT = "sendstream-upload-2"  # 1 did not say how its parts are sealed
 MAX_STATE = 4 << 20
+MAX_DEPTH = 5  # {"state": {"objects": [{"parts": [...]}]}}: the objects a sealed upload completed
 
 
 @dataclass
@@ -60,10 +61,12 @@ class UploadState:
 
         again = f"with --encrypt-key FILE of key {self.sealing['key']}" if self.sealing else "without --encrypt-key"
         url = location.url(name + STATE_SUFFIX)
-        raise e.ResumeError(
-            f"{url}: the earlier run's parts are {said(self.sealing)}, this run's would be {said(sealing)}: "
-            f"run it again {again}; or start over: delete {url} and abort the multipart upload "
-            f"{self.upload_id} of {location.url(self.key)}"
+        raise e.ResumeError(  # (escaped: what the state says may hold anything)
+            printable(
+                f"{url}: the earlier run's parts are {said(self.sealing)}, this run's would be {said(sealing)}: "
+                f"run it again {again}; or start over: delete {url} and abort the multipart upload "
+                f"{self.upload_id} of {location.url(self.key)}"
+            )
         )
 
 
@@ -106,7 +109,7 @@ def load(s3: Any, location: Location, name: str, key: bytes) -> UploadState | No
             return None
         raise
     try:
-        outer = load_json(raw[:MAX_STATE], "the upload state")
+        outer = load_json(raw[:MAX_STATE], "the upload state", MAX_DEPTH)
         fields = outer["state"]
         payload = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
         if not hmac.compare_digest(str(outer["mac"]), _mac(key, payload)):

@@ -15,9 +15,11 @@ import re
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
+from traceback import walk_tb
 from typing import Any
 
 from .. import errors as e
+from ..ops.identity import printable
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _LATER = {"SlowDown", "RequestTimeout", "ServiceUnavailable", "InternalError", "ThrottlingException"}
@@ -100,12 +102,35 @@ def calling(where: str) -> Iterator[None]:
     except ClientError as exc:
         error = exc.response.get("Error", {})
         code, message = error.get("Code", "?"), error.get("Message", "")
-        said = f" ({message})" if message else ""
+        said = f" ({_said(message)})" if message else ""
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         retryable = status >= 500 or code in _LATER
-        raise e.StoreError(where, f"{exc.operation_name} failed: {code}{said}", retryable) from None
+        raise e.StoreError(where, f"{exc.operation_name} failed: {_said(code)}{said}", retryable) from None
     except BotoCoreError as exc:
-        raise e.StoreError(where, str(exc), isinstance(exc, ConnectionError | HTTPClientError)) from None
+        raise e.StoreError(where, _said(exc), isinstance(exc, ConnectionError | HTTPClientError)) from None
+    except Exception as exc:  # botocore's parser on an answer it cannot read: int("x"), an element twice, ...
+        if not _raised_in_botocore(exc):
+            raise
+        raise e.StoreError(where, f"its answer cannot be read: {_said(f'{type(exc).__name__}: {exc}')}") from None
+
+
+def _raised_in_botocore(exc: BaseException) -> bool:
+    return any(frame.f_globals.get("__name__", "").startswith("botocore.") for frame, _ in walk_tb(exc.__traceback__))
+
+
+def _said(what: object) -> str:
+    """What a store said, for a message of one line: escaped (it must not drive a terminal), cut short."""
+    text = printable(str(what))
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def answered(answer: Any, field: str, where: str) -> Any:
+    """``field`` of a store's ``answer`` (what botocore made of it); a StoreError naming ``where`` when the
+    store left it out (an UploadId, an ETag)."""
+    value = answer.get(field) if isinstance(answer, dict) else None
+    if value is None or value == "":
+        raise e.StoreError(where, f"its answer has no {field}")
+    return value
 
 
 def missing(exc: BaseException) -> bool:

@@ -40,7 +40,7 @@ from . import state
 from .catalog import MANIFEST_SUFFIX, Entry, listing, read_manifest
 from .hashing import Hasher
 from .seal import Sealer, sealed_size
-from .store import Location, calling, missing
+from .store import Location, answered, calling, missing
 
 PART_SIZE = 8 << 20
 GROWTH = 1000
@@ -248,7 +248,7 @@ class Parts:
                 pages = self._s3.get_paginator("list_parts").paginate(
                     Bucket=self.location.bucket, Key=key, UploadId=earlier.upload_id
                 )
-                listed = {p["PartNumber"]: p["Size"] for page in pages for p in page.get("Parts", [])}
+                listed = {p.get("PartNumber"): p.get("Size") for page in pages for p in page.get("Parts", [])}
         except e.StoreError as exc:
             if not missing(exc):
                 raise
@@ -283,7 +283,7 @@ class Parts:
                 Body=body,
                 ChecksumCRC32C=standard_crc32c(body),
             )
-            return str(answer["ETag"])
+            return str(answered(answer, "ETag", self.location.url(f"{obj.key} part {number}")))
         finally:
             with self._cond:
                 self._flying -= size
@@ -339,7 +339,7 @@ class Parts:
     def _begin(self, name: str) -> _Object:
         answer = self.call(name, self._s3.create_multipart_upload, Key=self.location.key(name))
         self._done = []
-        obj = _Object(name, answer["UploadId"])
+        obj = _Object(name, answered(answer, "UploadId", self.location.url(name)))
         if self._key:
             self._current = obj
             self._save()

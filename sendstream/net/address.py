@@ -89,7 +89,8 @@ class Address:
     def parse(cls, text: str, *, listen: bool = False) -> Address:
         """``HOST:PORT``, ``[IPv6]:PORT``; for listening ``*:PORT`` means every address."""
         host, sep, port = text.rpartition(":")
-        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        # ASCII digits only: '²' is a digit that int() refuses
+        if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
             raise e.UsageError(f"expected HOST:PORT, got {text!r}")
         if host.startswith("[") and host.endswith("]"):
             host = host[1:-1]

@@ -98,7 +98,11 @@ def checked_integer(value: Any, what: str, maximum: int = MAX_OFFSET) -> int:
 
 
 def short_json(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, (int, float)) or isinstance(value, bool) else repr(value)
+    """``value`` for a message, short; what JSON cannot say (an XML element botocore made) by its type."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        text = repr(value)
+    else:
+        text = json.dumps(value, default=lambda v: f"<{type(v).__name__}>")
     return printable(text if len(text) <= 60 else text[:60] + "...")
 
 

@@ -146,8 +146,11 @@ class _Lines:
         return f"{self.path}:{start}" if table is not None else self.path
 
 
-def load(path: str, warn: Callable[[str], object] | None = None) -> Config:
-    """Read and check the configuration at ``path``: every key file is read, every place must exist."""
+def load(
+    path: str, warn: Callable[[str], object] | None = None, *, file_system: Callable[[str], str] | None = None
+) -> Config:
+    """Read and check the configuration at ``path``: every key file is read, every place must exist.
+    ``file_system`` names the type of the file system a ``receive`` place is on (default: ``stat -f``'s)."""
     try:
         with open(path, "rb") as f:
             raw = f.read(_MAX_SIZE + 1)
@@ -197,7 +200,7 @@ def load(path: str, warn: Callable[[str], object] | None = None) -> Config:
             kind = "a whole number" if integer else "days" if key in _DAYS else "seconds"
             raise ConfigError(lines.at(None, key), f"{key}: expected {kind} from {low} to {high}, got {_shown(value)}")
         numbers[key] = value
-    clients = _clients(data.get("clients"), lines, base, warn)
+    clients = _clients(data.get("clients"), lines, base, warn, file_system or _file_system)
     return Config(
         path=path,
         listen=address,
@@ -228,7 +231,9 @@ def _text(table: dict[str, Any], key: str, lines: _Lines, name: str | None) -> s
     return value
 
 
-def _clients(table: Any, lines: _Lines, base: str, warn: Callable[[str], object] | None) -> dict[str, Client]:
+def _clients(
+    table: Any, lines: _Lines, base: str, warn: Callable[[str], object] | None, file_system: Callable[[str], str]
+) -> dict[str, Client]:
     if not isinstance(table, dict) or not table:
         raise ConfigError(lines.path, "no clients: add a [clients.NAME] table for each (NAME is its PSK identity)")
     clients: dict[str, Client] = {}
@@ -292,7 +297,7 @@ def _clients(table: Any, lines: _Lines, base: str, warn: Callable[[str], object]
         place = os.path.realpath(os.path.join(base, place))
         if not os.path.isdir(place):
             raise ConfigError(lines.at(("clients", name), kind), f"clients.{name}.{kind}: {place!r} is not a directory")
-        if kind == "receive" and (fs := _file_system(place)) != _BTRFS:
+        if kind == "receive" and (fs := file_system(place)) != _BTRFS:
             raise ConfigError(
                 lines.at(("clients", name), kind), f"clients.{name}.receive: {place!r} is on {fs}, not on btrfs"
             )
