@@ -11,7 +11,7 @@ from typing import Any
 
 BAR, PLAIN, NONE = "bar", "plain", "none"
 PLAIN_EVERY = 10.0  # seconds between log lines, unless told
-_REDRAW = 0.25
+REDRAW = 0.25
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
 
@@ -83,7 +83,7 @@ class Progress:
     ) -> None:
         self._stream = stream or sys.stderr
         self.mode = (BAR if self._stream.isatty() else NONE) if mode == "auto" else mode
-        self._every = every if self.mode == PLAIN else _REDRAW
+        self._every = every if self.mode == PLAIN else REDRAW
         self._label = label
         self._clock = timer
         self._lock = threading.Lock()
