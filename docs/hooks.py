@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 MARKER = "<!-- cli: made at build time by docs/hooks.py -->"
+# The docstrings' Sphinx roles (:class:`~.events.Restart`), as mkdocstrings leaves them: the name alone
+ROLE = re.compile(r":(?:class|meth|func|data|attr|mod|exc|obj):<code>~?\.?(?:[\w.]*\.)?(\w+)</code>")
 
 
 def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
@@ -19,3 +22,7 @@ def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
     from sendstream.manual import markdown as reference
 
     return markdown.replace(MARKER, reference(cli))
+
+
+def on_page_content(html: str, page: Any, **kwargs: Any) -> str:
+    return ROLE.sub(r"<code>\1</code>", html)

@@ -330,7 +330,9 @@ def test_object_storage_as_the_readme_says(tmp_path: Path) -> None:
                 run.run(line)
         listing = run.outputs[3]
         assert "rich_base" in listing and "rich_incr" in listing, listing
-        assert "2 streams" in run.outputs[4] or run.outputs[4].count("ok") == 2, run.outputs[4]
+        verdicts = run.outputs[4].splitlines()
+        assert len(verdicts) == 2 and all(line.endswith(".stream: ok") for line in verdicts), verdicts
+        assert "would delete" not in run.outputs[6], run.outputs[6]  # the kept stream's parent is kept
         full, incr = (FIXTURES / f"rich-{kind}-v2.stream" for kind in ("full", "incr"))
         assert (tmp_path / "chain.stream").read_bytes() == full.read_bytes() + incr.read_bytes()
 
