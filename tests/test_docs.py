@@ -316,6 +316,30 @@ def test_the_backup_script_sends_incrementals_from_what_the_service_holds(tmp_pa
         assert f"from {uuids[local[0]]}." in newest, (newest, uuids)
 
 
+def test_the_backup_units_verify_with_the_script_installed(tmp_path: Path) -> None:
+    """contrib/sendstream-backup.service and .timer, with the script installed where the service runs it
+    (in a mount namespace whose /usr/local/bin is an overlay): systemd-analyze verify takes both."""
+    if os.geteuid() != 0 or not all(shutil.which(t) for t in ("systemd-analyze", "unshare", "mount")):
+        pytest.skip("needs root, systemd-analyze and unshare (CI has them)")
+    units = [ROOT / "contrib" / f"sendstream-backup.{kind}" for kind in ("service", "timer")]
+    d = "/usr/local/bin"
+    script = [
+        "set -e",
+        f"mkdir -p {tmp_path}/upper {tmp_path}/work",
+        f"mount -t overlay overlay -o lowerdir={d},upperdir={tmp_path}/upper,workdir={tmp_path}/work {d}",
+        f"install -m 0755 {ROOT}/contrib/sendstream-backup {d}/sendstream-backup",
+        "systemd-analyze verify " + " ".join(str(u) for u in units),
+    ]
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "sendstream-backup" not in result.stderr, result.stderr
+
+
 def test_object_storage_as_the_readme_says(tmp_path: Path) -> None:
     """The README's object storage example against a SeaweedFS of the tests' own (the README's `weed
     server` line on free ports): archive the sample chain, list, verify, restore, prune."""
