@@ -48,14 +48,18 @@ def key_fingerprint(file: str) -> None:
 
 
 @click.command(cls=Group.command_class)
+@click.argument(
+    "page", required=False, default="sendstream", type=click.Choice(["sendstream", "sendstream-serve.toml"])
+)
 @click.pass_context
-def man(ctx: click.Context) -> None:
-    """Print the manual page (roff), made from these commands' own help."""
-    from .manual import manpage
+def man(ctx: click.Context, page: str) -> None:
+    """Print a manual page (roff): sendstream(1), made from these commands' own help, or
+    sendstream-serve.toml(5), the service's configuration file."""
+    from .manual import manpage, serve_toml_page
 
     root = ctx.find_root().command
     assert isinstance(root, click.Group)
-    click.echo(manpage(root), nl=False)
+    click.echo(manpage(root) if page == "sendstream" else serve_toml_page(), nl=False)
 
 
 @click.command(cls=Group.command_class)
@@ -65,7 +69,8 @@ def man(ctx: click.Context) -> None:
     required=True,
     metavar="FILE",
     type=click.Path(dir_okay=False),
-    help="The service's TOML file: where to listen, and each client's identity, key and place (see README).",
+    help="The service's TOML file: where to listen, and each client's identity, key and place "
+    "(see sendstream-serve.toml(5)).",
 )
 @click.option("--check-config", is_flag=True, help="Check FILE (keys, places, names) and say what is wrong, then exit.")
 @click.option(

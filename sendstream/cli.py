@@ -2,7 +2,7 @@
 
 The options are declared in :mod:`sendstream.options`; what the person at
 the terminal sees and types (warnings, the password, exit codes) is
-:mod:`sendstream.terminal`; see the README's table of exit codes.
+:mod:`sendstream.terminal`; see the docs' table of exit codes (docs/reference/exit-codes.md).
 """
 
 from __future__ import annotations

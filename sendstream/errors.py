@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import overload
 
-# Exit codes, documented in the README; the CLI maps errors to them in one place.
+# Exit codes, documented in docs/reference/exit-codes.md and the manual page; the CLI maps errors to them in one place.
 EXIT_OK = 0
 EXIT_CORRUPT = 1
 EXIT_USAGE = 2

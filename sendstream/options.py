@@ -381,7 +381,7 @@ idle_timeout_option = click.option(
     show_default=True,
     metavar="SECONDS",
     help="Once a sender said hello, the longest wait for its next byte (0: for ever); "
-    "it covers `btrfs send -p` computing before it writes (see README).",
+    "it covers `btrfs send -p` computing before it writes (see the docs: Move streams).",
 )
 reconnect_timeout_option = click.option(
     "--reconnect-timeout",

@@ -176,9 +176,9 @@ def test_construct_errors_become_ours() -> None:
     assert info.value.offset == 5 and info.value.expected == "a stream header"
 
 
-def test_the_readme_s_table_of_commands_is_generated_from_the_declarations() -> None:
-    text = generate.README_FILE.read_text()
-    assert generate.readme_with_table(text) == text, "run: python -m sendstream.format"
+def test_the_docs_table_of_commands_is_generated_from_the_declarations() -> None:
+    text = generate.TABLE_FILE.read_text()
+    assert generate.page_with_table(text) == text, "run: python -m sendstream.format"
     table = generate.attribute_table()
     assert "| `write` | 15 | 1 | `path`: bytes, `file_offset`: int, `data`: memoryview |" in table
     assert table.count("\n") == 2 + 26  # every command

@@ -456,6 +456,8 @@ def _arguments(path: list[str], tmp_path: Path, missing: str) -> list[str]:
                 args.append("s3://no-such-bucket-here/p")
             elif param.name == "target":
                 args.append(str(tmp_path / "out"))
+            elif getattr(param.type, "choices", None):  # a name among a few (man's page), not a file
+                args.append(param.type.choices[0])
             else:
                 args.append(missing)
         elif param.required:

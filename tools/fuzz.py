@@ -1899,8 +1899,8 @@ def session_seeds() -> dict[str, bytes]:
 
 
 def config_seeds() -> dict[str, bytes]:
-    """serve.toml as the README has it, and with every kind of client (places relative to the file)."""
-    readme = (REPO / "README.md").read_text()
+    """serve.toml as the service's guide has it, and with every kind of client (places relative to the file)."""
+    readme = (REPO / "docs" / "guides" / "service.md").read_text()
     example = readme[readme.index('listen = "*:7000"') :]
     example = example[: example.index("```")]
     example = example.replace("/srv/streams/web1", "srv/streams/web1").replace("/mnt/backup/db1", "mnt/backup/db1")

@@ -206,7 +206,7 @@ def c_header() -> str:
 
 GENERATED: dict[Path, Callable[[], str]] = {LAYOUT_FILE: layout_module, HEADER_FILE: c_header}
 
-README_FILE = Path(__file__).parents[2] / "README.md"  # in a checkout
+TABLE_FILE = Path(__file__).parents[2] / "docs" / "reference" / "format.md"  # in a checkout
 TABLE_BEGIN, TABLE_END = "<!-- attributes: python -m sendstream.format -->\n", "<!-- /attributes -->\n"
 # What Command.get returns for each kind of value
 PYTHON_TYPES = {"u8": "int", "u32": "int", "u64": "int", "uuid": "UUID", "timespec": "Timespec"}
@@ -214,7 +214,7 @@ PYTHON_TYPES |= {"string": "bytes", "bytes": "memoryview"}
 
 
 def attribute_table() -> str:
-    """The README's table of every command, its attributes and the type ``get`` returns for each."""
+    """The docs' table of every command, its attributes and the type ``get`` returns for each."""
     lines = [
         "| command | number | since version | attributes: required, [optional] |",
         "| --- | ---: | ---: | --- |",
@@ -229,17 +229,17 @@ def attribute_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-def readme_with_table(text: str) -> str:
-    """``text`` (the README) with the table between its markers made anew."""
+def page_with_table(text: str) -> str:
+    """``text`` (the format's page) with the table between its markers made anew."""
     start, end = text.index(TABLE_BEGIN) + len(TABLE_BEGIN), text.index(TABLE_END)
     return text[:start] + attribute_table() + text[end:]
 
 
 def main() -> None:
-    """``python -m sendstream.format``: write every generated file (and the README's table, in a checkout)."""
+    """``python -m sendstream.format``: write every generated file (and the docs' table, in a checkout)."""
     for path, text in GENERATED.items():
         path.write_text(text())
         print(f"wrote {path}", file=sys.stderr)
-    if README_FILE.exists():
-        README_FILE.write_text(readme_with_table(README_FILE.read_text()))
-        print(f"wrote the table in {README_FILE}", file=sys.stderr)
+    if TABLE_FILE.exists():
+        TABLE_FILE.write_text(page_with_table(TABLE_FILE.read_text()))
+        print(f"wrote the table in {TABLE_FILE}", file=sys.stderr)

@@ -15,7 +15,7 @@ def widen(fd: int) -> None:
     A pipe holds 64 KiB by default: its writer blocks and its reader wakes
     every 64 KiB, so a stage between two others makes many small reads and
     writes, each with its own cost. With 1 MiB the stages run further apart
-    and each read takes more (measured in the README's Pipelines section).
+    and each read takes more (measured in docs/contributing/pipelines.md).
     Reads still return what has arrived. A user over the system's limit of
     pipe memory keeps the default.
     """

@@ -66,7 +66,7 @@ class BufferedWindows:
     files writes a few commands at a time) it lets :data:`COALESCE` pass
     before the next one: each wake-up costs more than the bytes it brings,
     and a stage woken for every write of a few hundred bytes would spend a
-    core on it (measured in the README's Pipelines section). ``before_read``
+    core on it (measured in docs/contributing/pipelines.md). ``before_read``
     (flushing an output) runs before every read that may wait, and before
     that pause.
     """

@@ -56,6 +56,8 @@ _SECONDS = {"handshake_timeout": (0.1, 3600.0, 30.0), "idle_timeout": (0.0, 8640
 _DAYS = {"journal_days": (0.0, 3650.0, 7.0)}
 _TOP = {"listen", "tls", "clients", *_INTEGERS, *_SECONDS, *_DAYS}
 _CLIENT = {"key", "store", "receive", "trusted", "quota"}
+# (lowest, highest, default) of each number; the manual page of this file shows them
+BOUNDS = {**_INTEGERS, **_SECONDS, **_DAYS}
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _BTRFS = "btrfs"
 _MAX_SIZE = 1 << 20  # of the file

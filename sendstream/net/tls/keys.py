@@ -58,7 +58,7 @@ def load_key(path: str | os.PathLike[str], warn: Callable[[str], object] | None 
             warn(
                 f"key file {os.fspath(path)!r} has no PEM armour, so its {len(data)} bytes are the key "
                 f"exactly as stored ({trap}); fingerprint {fingerprint(data)}. The other end must use the same "
-                f"bytes; `sendstream key new FILE` writes a key without this trap (README: Keys)"
+                f"bytes; `sendstream key new FILE` writes a key without this trap (docs: Move streams, Keys)"
             )
     return data
 
