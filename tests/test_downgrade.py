@@ -317,10 +317,10 @@ def test_renames_cost_the_same_whatever_the_number_of_files() -> None:
         for _ in range(3):
             d = Downgrader()
             d.send(StreamHeader(0, 2))
-            start = time.perf_counter()
+            start = time.process_time()  # this process's CPU: other processes' load does not count
             for c in commands[:-1]:
                 d.send(c)
-            best = min(best, time.perf_counter() - start)
+            best = min(best, time.process_time() - start)
             assert d.send(commands[-1]) == []  # the file's size, 0, went along with its directory
         return best
 

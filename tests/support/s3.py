@@ -97,7 +97,7 @@ def seaweedfs(directory: Path) -> Iterator[Store]:
     argv = [
         weed, "server", f"-dir={directory}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
         f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}", "-s3", f"-s3.port={s3}",
-        "-master.volumeSizeLimitMB=256", "-volume.max=0", "-master.telemetry=false",
+        "-master.volumeSizeLimitMB=256", "-volume.max=10000", "-master.telemetry=false",
         "-s3.port.iceberg=0", "-s3.port.lance=0",
     ]  # fmt: skip
     endpoint = f"http://127.0.0.1:{s3}"
