@@ -20,6 +20,7 @@ about 3 us each) are left out, as the table says.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import resource
 import socket
@@ -157,17 +158,23 @@ COMMANDS: dict[str, tuple[list[str], list[str]]] = {
 ALLOWED = {0, 1, 3, 4, 5, 8}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def made(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """Each input written once for the module."""
-    where = tmp_path_factory.mktemp("hostile")
-    cache: dict[str, Path] = {}
+    """Each input written once for the run, whatever the number of workers (pytest-xdist): the first
+    worker to ask writes it, under a lock, in the run's shared base directory."""
+    base = tmp_path_factory.getbasetemp()
+    where = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / f"hostile-{SIZE}"
+    where.mkdir(exist_ok=True)
 
     def get(name: str) -> Path:
-        if name not in cache:
-            INPUTS[name](where / f"{name}.stream", SIZE)
-            cache[name] = where / f"{name}.stream"
-        return cache[name]
+        path = where / f"{name}.stream"
+        with open(where / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not path.exists():
+                partial = where / f"{name}.partial"
+                INPUTS[name](partial, SIZE)
+                partial.rename(path)
+        return path
 
     return get
 
