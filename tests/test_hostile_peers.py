@@ -51,6 +51,8 @@ MALFORMED_HELLOS = [
     HELLO + b"x" * (70 << 10),  # no newline within the 64 KiB cap
 ]
 
+pytestmark = pytest.mark.serial  # listeners with deadlines of 1.5-3 s, a dozen handshakes at once
+
 
 def skip_unavailable(mode: str) -> None:
     if reason := tls.why_unavailable(mode):
