@@ -290,10 +290,14 @@ def test_the_store_stopped_mid_upload_and_started_again(store: Store, tmp_path: 
     assert proc.stdin is not None
     proc.stdin.write(whole[20 << 20 :])  # the rest comes while the store is away
     proc.stdin.close()
-    time.sleep(2)
-    store.start()
     assert proc.stderr is not None
-    err = proc.stderr.read()
+    said = b""
+    while b"retry 1/12" not in said:  # the store comes back only once the upload has found it away
+        line = proc.stderr.readline()
+        assert line, said
+        said += line
+    store.start()
+    err = said + proc.stderr.read()
     proc.wait(120)
     assert proc.returncode == 0, err
     assert b"retry 1/12" in err, err
