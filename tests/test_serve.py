@@ -1815,8 +1815,11 @@ def test_a_service_killed_mid_transfer_removes_what_it_left_when_it_starts_again
             stderr=subprocess.PIPE,
         )  # fmt: skip
         deadline = time.monotonic() + 30
-        while not [p for p in place.glob(".incoming.stream.*.tmp") if p.stat().st_size] and time.monotonic() < deadline:
-            time.sleep(0.05)  # until the plain transfer's file holds its first bytes (the event)
+        while time.monotonic() < deadline and not (
+            [p for p in place.glob(".incoming.stream.*.tmp") if p.stat().st_size]
+            and [p for p in place.glob(".*.incoming.part") if p.stat().st_size]
+        ):
+            time.sleep(0.05)  # until both transfers' files hold their first bytes (the events)
         proc.kill()
         proc.wait()
         sender.kill()
