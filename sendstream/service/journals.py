@@ -174,8 +174,11 @@ class Quota:
             charge.written += n
 
     def end(self, charge: Charge) -> None:
-        """``charge``'s transfer ended: whatever it left is counted on disk from now on."""
+        """``charge``'s transfer ended: whatever it left is counted on disk from now on (once: a transfer
+        ends its charge before its sender hears the end, and again on its way out)."""
         with self._lock:
+            if charge not in self._running:
+                return
             self._running.discard(charge)
             self._count()
 
