@@ -1,9 +1,24 @@
 """Builds the optional native scanner; without a compiler the install goes on
-without it and sendstream uses its pure-Python path."""
+without it and sendstream uses its pure-Python path. The generator of the
+layout stays out of an install: it needs construct, which the runtime does not."""
 
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+
+# `python -m sendstream.format`: run from a checkout with the test extra, never by an installed sendstream
+GENERATOR = {("sendstream.format", name) for name in ("declarations", "generate", "__main__")}
+
+
+class BuildWithoutGenerator(build_py):
+    """The package's modules less the generator's (its output, ``format/_layout.py``, is what the runtime reads)."""
+
+    def find_package_modules(self, package: str, package_dir: str) -> list[tuple[str, str, str]]:
+        modules = super().find_package_modules(package, package_dir)
+        return [module for module in modules if module[:2] not in GENERATOR]
+
 
 setup(
+    cmdclass={"build_py": BuildWithoutGenerator},
     ext_modules=[
         Extension(
             "sendstream.codec._native",

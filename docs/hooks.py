@@ -19,7 +19,7 @@ def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
         return markdown
     sys.path.insert(0, str(ROOT))  # this checkout's package, whatever is installed
     from sendstream.cli import cli
-    from sendstream.manual import markdown as reference
+    from sendstream.cli.manual import markdown as reference
 
     return markdown.replace(MARKER, reference(cli))
 

@@ -33,6 +33,12 @@ if TYPE_CHECKING:
     from .codec.events import Restart as Restart
     from .codec.events import StreamHeader as StreamHeader
     from .codec.framer import Framer as Framer
+    from .endpoints.receiving import accepted as accepted
+    from .endpoints.receiving import receive as receive
+    from .endpoints.receiving import verify_from_socket as verify_from_socket
+    from .endpoints.relay import relay as relay
+    from .endpoints.sending import connector as connector
+    from .endpoints.sending import send as send
     from .errors import ApplyError as ApplyError
     from .errors import AttributeNotFound as AttributeNotFound
     from .errors import AttributeSize as AttributeSize
@@ -81,27 +87,9 @@ if TYPE_CHECKING:
     from .format.specs import Timespec as Timespec
     from .io.windows import file_events as file_events
     from .io.windows import iter_events as iter_events
-    from .net.address import Address as Address
-    from .net.address import Dialing as Dialing
-    from .net.address import Listening as Listening
-    from .net.address import TlsSettings as TlsSettings
-    from .net.progress import Progress as Progress
-    from .net.progress import Summary as Summary
-    from .net.receiving import accepted as accepted
-    from .net.receiving import receive as receive
-    from .net.receiving import verify_from_socket as verify_from_socket
-    from .net.relay import relay as relay
-    from .net.sending import connector as connector
-    from .net.sending import send as send
-    from .net.sinks import ChildSink as ChildSink
-    from .net.sinks import FileSink as FileSink
-    from .net.sinks import JournalSink as JournalSink
-    from .net.sinks import Sink as Sink
-    from .net.sinks import Target as Target
     from .ops.convert import convert as convert
     from .ops.downgrade import Downgrader as Downgrader
     from .ops.events import events as events
-    from .ops.identity import stream_identity as stream_identity
     from .ops.repair import Healer as Healer
     from .ops.repair import repair as repair
     from .ops.verify import Report as Report
@@ -112,6 +100,18 @@ if TYPE_CHECKING:
     from .render.dump import dump as dump
     from .render.paths import write_paths as write_paths
     from .render.paths import write_stats as write_stats
+    from .transfer.identity import stream_identity as stream_identity
+    from .transfer.progress import Progress as Progress
+    from .transfer.progress import Summary as Summary
+    from .transfer.sinks import ChildSink as ChildSink
+    from .transfer.sinks import FileSink as FileSink
+    from .transfer.sinks import JournalSink as JournalSink
+    from .transfer.sinks import Sink as Sink
+    from .transfer.sinks import Target as Target
+    from .transport.address import Address as Address
+    from .transport.address import Dialing as Dialing
+    from .transport.address import Listening as Listening
+    from .transport.address import TlsSettings as TlsSettings
 
 __version__ = "0.1.0"
 
@@ -185,26 +185,26 @@ _HOME = {
     "events": ("ops.events", "events"),
     "file_events": ("io.windows", "file_events"),
     "iter_events": ("io.windows", "iter_events"),
-    "Address": ("net.address", "Address"),
-    "Dialing": ("net.address", "Dialing"),
-    "Listening": ("net.address", "Listening"),
-    "TlsSettings": ("net.address", "TlsSettings"),
-    "Progress": ("net.progress", "Progress"),
-    "Summary": ("net.progress", "Summary"),
-    "accepted": ("net.receiving", "accepted"),
-    "receive": ("net.receiving", "receive"),
-    "verify_from_socket": ("net.receiving", "verify_from_socket"),
-    "relay": ("net.relay", "relay"),
-    "connector": ("net.sending", "connector"),
-    "send": ("net.sending", "send"),
-    "ChildSink": ("net.sinks", "ChildSink"),
-    "FileSink": ("net.sinks", "FileSink"),
-    "JournalSink": ("net.sinks", "JournalSink"),
-    "Sink": ("net.sinks", "Sink"),
-    "Target": ("net.sinks", "Target"),
+    "Address": ("transport.address", "Address"),
+    "Dialing": ("transport.address", "Dialing"),
+    "Listening": ("transport.address", "Listening"),
+    "TlsSettings": ("transport.address", "TlsSettings"),
+    "Progress": ("transfer.progress", "Progress"),
+    "Summary": ("transfer.progress", "Summary"),
+    "accepted": ("endpoints.receiving", "accepted"),
+    "receive": ("endpoints.receiving", "receive"),
+    "verify_from_socket": ("endpoints.receiving", "verify_from_socket"),
+    "relay": ("endpoints.relay", "relay"),
+    "connector": ("endpoints.sending", "connector"),
+    "send": ("endpoints.sending", "send"),
+    "ChildSink": ("transfer.sinks", "ChildSink"),
+    "FileSink": ("transfer.sinks", "FileSink"),
+    "JournalSink": ("transfer.sinks", "JournalSink"),
+    "Sink": ("transfer.sinks", "Sink"),
+    "Target": ("transfer.sinks", "Target"),
     "convert": ("ops.convert", "convert"),
     "Downgrader": ("ops.downgrade", "Downgrader"),
-    "stream_identity": ("ops.identity", "stream_identity"),
+    "stream_identity": ("transfer.identity", "stream_identity"),
     "Healer": ("ops.repair", "Healer"),
     "repair": ("ops.repair", "repair"),
     "Report": ("ops.verify", "Report"),

@@ -19,7 +19,7 @@ def run() -> None:
     for fd in (0, 1):
         widen(fd)  # the writer before us runs on into the wider pipe while Python loads (~0.1 s)
     from .cli import main
-    from .terminal import interrupted
+    from .cli.terminal import interrupted
 
     signal.signal(signal.SIGINT, interrupted)
     code = main()

@@ -317,7 +317,7 @@ class StoreError(SendStreamError):
 
     def __init__(self, where: str, reason: str, retryable: bool = False) -> None:
         self.where, self.reason, self.retryable = where, reason, retryable  # retryable: it may work later
-        super().__init__(f"{where}: {reason}")
+        super().__init__(escaped(f"{where}: {reason}"))  # a listed key may hold any character
 
 
 class NothingFound(SendStreamError):
@@ -506,6 +506,11 @@ class SessionError(SendStreamError):
     """The peer broke the session protocol, or the session cannot continue."""
 
     exit_code = EXIT_IO
+
+
+class SessionMisuse(SessionError):
+    """This end asked its session machine to say something out of turn (a hello twice, data before the
+    answer): a bug of the caller, never the peer's fault, so nothing reports it to the peer."""
 
 
 class DownstreamFailed(RemoteError):

@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 import uuid
+from typing import IO, Any
 
 TOOLS = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS.parent))
@@ -46,20 +47,21 @@ from bench_transport import BenchError, bench_env, checkout, cpu_model, log, pro
 from sendstream import Command, encode_command, encode_stream_header  # noqa: E402
 from sendstream.archive.store import Location  # noqa: E402
 from sendstream.archive.upload import upload  # noqa: E402
-from sendstream.ops.identity import stream_identity  # noqa: E402
+from sendstream.transfer.identity import stream_identity  # noqa: E402
 
 MIB = 1 << 20
 CHUNK = 8 * MIB
 
 
-def _store_cpu(store: object) -> float:
-    return sum(proc_times(store.process.pid))  # type: ignore[attr-defined]
+def _store_cpu(store: Any) -> float:
+    own, children = proc_times(store.process.pid)
+    return own + children
 
 
-def _ours(argv: list[str], env: dict[str, str], stdin: object = None) -> tuple[float, float, float]:
+def _ours(argv: list[str], env: dict[str, str], stdin: IO[bytes] | None = None) -> tuple[float, float, float]:
     """Run a command: wall s, CPU s, peak RSS MB."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdin=stdin or subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)  # type: ignore[arg-type]
+    proc = subprocess.Popen(argv, stdin=stdin or subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
     peak = 0
     # VmHWM of its own memory (wait4's maxrss would include ours from before the exec)
     while True:

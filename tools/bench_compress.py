@@ -35,6 +35,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 TOOLS = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS.parent))  # this checkout, before an installed sendstream
@@ -83,7 +84,7 @@ def make_stream(tmp: pathlib.Path) -> pathlib.Path:
 
 
 def timed_pair(
-    start: Callable[[], subprocess.Popen[bytes]], receiver: subprocess.Popen[bytes]
+    start: Callable[[], subprocess.Popen[Any]], receiver: subprocess.Popen[bytes]
 ) -> tuple[float, tuple[int, float], tuple[int, float]]:
     """Start the sender, wait for it and for ``receiver``: the wall seconds, and each one's exit code and CPU."""
     t0 = time.perf_counter()

@@ -56,9 +56,9 @@ from bench_transport import (  # noqa: E402
     wait_listening,
 )
 
-from sendstream.net.address import Address, Dialing, TlsSettings  # noqa: E402
-from sendstream.net.progress import NONE, Progress  # noqa: E402
-from sendstream.net.sending import connector, send  # noqa: E402
+from sendstream.endpoints.sending import connector, send  # noqa: E402
+from sendstream.transfer.progress import NONE, Progress  # noqa: E402
+from sendstream.transport.address import Address, Dialing, TlsSettings  # noqa: E402
 
 GIB = 1 << 30
 MODE = "tls13-aes128-gcm"

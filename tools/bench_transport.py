@@ -469,9 +469,9 @@ def warm(path: pathlib.Path) -> None:
 
 
 def available_modes() -> tuple[list[str], dict[str, str]]:
-    """TLS modes usable here, and why the others are not (``sendstream.net.tls.why_unavailable``)."""
+    """TLS modes usable here, and why the others are not (``sendstream.transport.tls.why_unavailable``)."""
     sys.path.insert(0, str(REPO))
-    from sendstream.net.tls import MODES, why_unavailable
+    from sendstream.transport.tls import MODES, why_unavailable
 
     ok, skipped = [], {}
     for mode in MODES:

@@ -139,7 +139,7 @@ import uuid
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 TOOLS = Path(__file__).resolve().parent
 REPO = TOOLS.parent
@@ -157,7 +157,6 @@ else:
 with instrumented:
     import sendstream
     from sendstream import errors as e
-    from sendstream.admin import list_held as print_held
     from sendstream.analysis.changes import changes
     from sendstream.analysis.resolve import resolve
     from sendstream.analysis.statistics import Statistics
@@ -183,38 +182,52 @@ with instrumented:
     from sendstream.archive.store import POOL as STORE_POOL
     from sendstream.archive.store import Location
     from sendstream.archive.upload import Parts, upload
+    from sendstream.cli.admin import list_held as print_held
+    from sendstream.codec.backend import Backend, available, pure
     from sendstream.codec.crc import crc32c
     from sendstream.codec.decoder import Decoder
     from sendstream.codec.encoder import Encoder, encode_command, encode_stream_header
     from sendstream.codec.events import NEED_DATA, EndOfInput, Restart, StreamHeader
     from sendstream.codec.framer import Framer
-    from sendstream.codec.native import NATIVE
+    from sendstream.endpoints.sending import list_held
     from sendstream.extract.extractor import Extractor
     from sendstream.format.command import Command
     from sendstream.format.layout import ATTRIBUTES, COMMAND_NUMBERS, COMMANDS, MAX_VERSION, STREAM_MAGIC
     from sendstream.io.windows import file_events
-    from sendstream.net.sending import list_held
-    from sendstream.net.session.messages import MAGIC, STATUS_PREFIX, parse_listed, parse_status
-    from sendstream.net.session.protocol import LIST_PREFIX, PREFIX_SIZE, listed_line, status_line
-    from sendstream.net.session.receiver import SessionReceiver, open_connection
-    from sendstream.net.session.sender import SessionSender
-    from sendstream.net.tls import PlainChannel
     from sendstream.ops.downgrade import Downgrader
-    from sendstream.ops.identity import stream_identity
-    from sendstream.ops.ledger import Checkpoint, Ledger
     from sendstream.ops.repair import Healer
-    from sendstream.ops.stored import Unnamed, manifest, stream_name
-    from sendstream.ops.tokens import TOKEN_PREFIX, _b64, _mac, make_token, read_token
     from sendstream.ops.verify import find_headers, verify_file
     from sendstream.render.changes import diff_json, diff_lines, json_line, ls_json, ls_lines
     from sendstream.render.dump import TextDumper
     from sendstream.render.dump import json_line as dump_json_line
     from sendstream.render.paths import record_json_line, record_line, statistics_lines
+    from sendstream.render.progs import PROGS_STYLES, ProgsStyle
     from sendstream.service.config import IDENTITY, Config, ConfigError
     from sendstream.service.config import Client as ServiceClient
     from sendstream.service.config import load as load_config
-    from sendstream.service.held import held
-    from sendstream.service.held import named as held_name
+    from sendstream.session.messages import MAGIC, STATUS_PREFIX, parse_listed, parse_status
+    from sendstream.session.protocol import (
+        LIST_PREFIX,
+        PREFIX_SIZE,
+        Ack,
+        Answer,
+        Hello,
+        SenderConnection,
+        listed_line,
+        status_line,
+    )
+    from sendstream.session.receiver import SessionReceiver, open_connection
+    from sendstream.session.resume import Resumption
+    from sendstream.session.sender import SessionSender
+    from sendstream.stores.store import named as held_name
+    from sendstream.transfer.identity import Identity, stream_identity
+    from sendstream.transfer.ledger import Checkpoint, Ledger
+    from sendstream.transfer.stored import Unnamed, manifest, stream_name
+    from sendstream.transfer.tokens import TOKEN_PREFIX, _b64, _mac, make_token, read_token
+    from sendstream.transport.tls import PlainChannel
+
+sys.path.insert(0, str(REPO / "tests"))
+from support.streams import EDGE_TIMES, canon  # noqa: E402  (the tests' canonical form of an event, edge times)
 
 FIXTURES = REPO / "fixtures"
 CORPUS = REPO / "tests" / "corpus"
@@ -259,19 +272,6 @@ def signature(exc: BaseException) -> str:
 # --- shared helpers ---------------------------------------------------------------------------------------------------
 
 
-def canon(event: Any) -> tuple[Any, ...]:
-    """A comparable copy of an event (values as bytes)."""
-    if isinstance(event, Command):
-        attrs = None if event.attributes is None else tuple((t, bytes(v)) for t, v in event.attributes)
-        return ("cmd", event.offset, event.index, event.cmd, event.crc, attrs, bytes(event.payload or b""))
-    if isinstance(event, StreamHeader):
-        return ("hdr", event.offset, event.version)
-    if isinstance(event, Restart):
-        return ("restart", event.offset, event.version, event.commands, event.partial)
-    assert isinstance(event, EndOfInput), event
-    return ("eoi", event.offset)
-
-
 def verdict(exc: BaseException | None) -> tuple[Any, ...] | None:
     """What must agree between two runs: the error's type, offset and index."""
     if exc is None:
@@ -296,10 +296,10 @@ def bounded(framer: Framer) -> Iterator[None]:
 
 
 def framer_events(
-    data: bytes, *, strict: bool = False, native: bool, keep_going: bool = False
+    data: bytes, *, strict: bool = False, backend: Backend, keep_going: bool = False
 ) -> tuple[list[tuple[Any, ...]], tuple[Any, ...] | None, list[tuple[Any, ...]]]:
     """Events, verdict and problems of the framer over buffered windows."""
-    framer = Framer(strict=strict, keep_going=keep_going, batch=native)
+    framer = Framer(strict=strict, keep_going=keep_going, backend=backend)
     out: list[tuple[Any, ...]] = []
     error = None
     try:
@@ -356,7 +356,7 @@ def decoder_events(
 
 def pure_verify(source: Any, keep_going: bool) -> tuple[Any, ...]:
     """``verify_file`` on the pure-Python path: the strict framer alone, no batch scanner."""
-    framer = Framer(strict=True, keep_going=keep_going, batch=False)
+    framer = Framer(strict=True, keep_going=keep_going, backend=pure())
     try:
         for _ in file_events(source, framer):
             pass
@@ -380,8 +380,8 @@ def memfd(data: bytes) -> Any:
     return os.fdopen(fd, "rb")
 
 
-# The framer's native batch scanner when it is built, then the pure-Python path.
-RUNS = (True, False) if NATIVE else (False,)
+# The native backend when it is built, then the pure-Python one.
+RUNS = available()
 
 
 def agree(what: str, results: list[Any]) -> None:
@@ -477,7 +477,7 @@ def one_of(exc: e.SendStreamError, *allowed: type[e.SendStreamError], where: str
 def target_decoder(data: bytes) -> None:
     thorough = deep(data)
     for strict in (False, True) if thorough else (False,):
-        runs = [framer_events(data, strict=strict, native=native) for native in RUNS]
+        runs = [framer_events(data, strict=strict, backend=backend) for backend in RUNS]
         same_run("Framer.native-vs-pure", runs[0], runs[-1])
         if thorough:
             whole = decoder_events(data, [len(data)], strict=strict)
@@ -507,24 +507,25 @@ class HealedOutput:
         self.out.truncate(offset)
 
 
-def repaired(data: bytes, keep_last: bool, native: bool) -> bytes:
+def repaired(data: bytes, keep_last: bool, backend: Backend) -> bytes:
     """What ``sendstream repair`` writes for ``data``."""
     sink = HealedOutput()
-    healer = Healer(sink.out.write, keep_last=keep_last, truncate=sink.truncate if keep_last else None)
-    framer = Framer(batch=native)
+    truncate = sink.truncate if keep_last else None
+    healer = Healer(sink.out.write, keep_last=keep_last, truncate=truncate, backend=backend)
+    framer = Framer(backend=backend)
     with bounded(framer):
-        for event in file_events(io.BytesIO(data), framer, healer.batch if native else None):
+        for event in file_events(io.BytesIO(data), framer, healer.batch):
             healer.event(event)
     return sink.out.getvalue()
 
 
 def target_repair(data: bytes) -> None:
     for keep_last in (False, True) if deep(data) else (False,):
-        results = [guarded(functools.partial(repaired, data, keep_last, native)) for native in RUNS]
+        results = [guarded(functools.partial(repaired, data, keep_last, backend)) for backend in RUNS]
         agree(f"repair(keep_last={keep_last})", results)
         out = results[0]
         if isinstance(out, bytes):
-            events, error, _ = framer_events(out, native=False)
+            events, error, _ = framer_events(out, backend=pure())
             if error is not None or any(ev[0] == "restart" for ev in events):
                 raise Finding("Unclean@repair", f"keep_last={keep_last}: the output does not decode cleanly: {error}")
 
@@ -545,8 +546,8 @@ class Recorded:
     """The events of ``data`` as ``file_events`` hands them out, decoded once and then
     replayed (the same events, then the same error) to each consumer of the input."""
 
-    def __init__(self, data: bytes, native: bool) -> None:
-        framer = Framer(batch=native)
+    def __init__(self, data: bytes, backend: Backend) -> None:
+        framer = Framer(backend=backend)
         self.events: list[Any] = []
         self.error: e.SendStreamError | None = None
         with bounded(framer):
@@ -561,9 +562,9 @@ class Recorded:
             raise self.error
 
 
-def changes_text(data: bytes, native: bool) -> list[Any]:
+def changes_text(data: bytes, backend: Backend) -> list[Any]:
     """Every output of ls, diff, paths and stats for ``data``, or our error's verdict."""
-    events = Recorded(data, native)
+    events = Recorded(data, backend)
 
     def ls_and_diff() -> list[bytes]:
         out: list[bytes] = []
@@ -590,18 +591,18 @@ def target_changes(data: bytes) -> None:
     """ls, diff, paths and stats on the native framer's events; on the deep inputs also on
     the pure framer's, which must give the same (the framers' own agreement is the
     decoder target's, on every input)."""
-    agree("ls/diff/paths/stats", [changes_text(data, native) for native in (RUNS if deep(data) else RUNS[:1])])
+    agree("ls/diff/paths/stats", [changes_text(data, backend) for backend in (RUNS if deep(data) else RUNS[:1])])
 
 
-def dumped(data: bytes, native: bool, strict: bool) -> tuple[bytes, Any]:
-    """``dump`` text (through the native printer when ``native``) and our error's verdict."""
+def dumped(data: bytes, backend: Backend, strict: bool, style: ProgsStyle) -> tuple[bytes, Any]:
+    """``dump`` text of ``style`` (through the native printer on the native ``backend``) and our error's verdict."""
     out = io.BytesIO()
-    framer = Framer(strict=strict, batch=native)
-    text = TextDumper()
+    framer = Framer(strict=strict, backend=backend)
+    text = TextDumper(style=style)
     error = None
     with bounded(framer):
         try:
-            for event in file_events(io.BytesIO(data), framer, text.native_batch(out) if native else None):
+            for event in file_events(io.BytesIO(data), framer, text.native_batch(out, backend)):
                 if isinstance(event, Command):
                     out.write(text.line(event))
         except e.SendStreamError as exc:
@@ -619,8 +620,9 @@ def dumped_json(data: bytes) -> None:
 
 
 def dump_text(data: bytes, strict: bool) -> None:
-    """``dump`` (``--strict``): the native printer writes what the Python one does."""
-    agree(f"dump(strict={strict})", [dumped(data, native, strict) for native in RUNS])
+    """``dump`` (``--strict``) in each style: the native printer writes what the Python one does."""
+    for style in PROGS_STYLES:
+        agree(f"dump(strict={strict}, style={style})", [dumped(data, backend, strict, style) for backend in RUNS])
 
 
 def target_dump(data: bytes) -> None:
@@ -645,8 +647,9 @@ class BoundedOutput:
 def converted(data: bytes, downgrade: bool) -> bytes:
     """What ``sendstream convert`` (``--to-version 1`` with ``downgrade``) writes."""
     sink = BoundedOutput("downgrade" if downgrade else "convert")
-    # zeros for holes are bounded by --max-zero-fill (default 1 GiB): below this harness's cap here
-    downgrader = Downgrader(max_zero_fill=OUTPUT_MAX // 2) if downgrade else None
+    # zeros for holes are bounded by --max-zero-fill (default 1 GiB): below this harness's cap here;
+    # every file of the parent is 1 MiB, so holes in them are converted rather than refused
+    downgrader = Downgrader(max_zero_fill=OUTPUT_MAX // 2, parent=lambda path: 1 << 20) if downgrade else None
     encoder = Encoder()
     framer = Framer()
     with bounded(framer):
@@ -669,7 +672,7 @@ def convert_check(data: bytes) -> None:
 
 def downgrade_check(data: bytes) -> None:
     """``convert --to-version 1``: a clean v1 stream (a v1 input passes through)."""
-    events, error, _ = framer_events(converted(data, True), native=False)
+    events, error, _ = framer_events(converted(data, True), backend=pure())
     versions = {ev[2] for ev in events if ev[0] == "hdr"}
     if error is not None or versions - {1}:
         raise Finding("Unclean@downgrade", f"the output is not a clean v1 stream: {error}, versions {versions}")
@@ -912,16 +915,15 @@ def receiver_hello(data: bytes) -> None:
 
 
 def sender_answer(data: bytes) -> None:
-    """The sender's side: the receiver's answer (or status), then its ack and status lines."""
-    ours, theirs = socket.socketpair()
-    with ours, theirs:
-        ours.sendall(_lines(data))
-        ours.shutdown(socket.SHUT_WR)
-        sender = SessionSender(_no_connect, retries=0, retry_delay=0)
-        try:
-            sender._session(PlainChannel(theirs))
-        finally:
-            sender._stop_reader()
+    """The sender's side: the receiver's answer (or status), then its ack and status lines, as the sender's
+    machine reads them and its resumption follows them."""
+    machine, plan = SenderConnection(), Resumption()
+    machine.send(Hello(cast(Identity, {})))  # (the sender's identity is not what this target reads)
+    for event in machine.receive_data(_lines(data)):
+        if isinstance(event, Answer):
+            plan.answered(event)
+        elif isinstance(event, Ack):
+            plan.acked_to(event.verified)
 
 
 def status_lines(data: bytes) -> None:
@@ -1036,7 +1038,8 @@ def config_checks(config: Config, places: Places) -> None:
     expect(len({c.key for c in owners}) == len(owners), "config.shared-key", sorted(config.clients))
     for a, b in itertools.permutations(owners, 2):
         expect(not inside(a, b), "config.nested", (a.place, b.place))
-    expect(config.key_of("") is None and 0 < config.listen.port < 65536, "config.listen", config.listen)
+    # port 0 is allowed: serve then listens on a free port and says which
+    expect(config.key_of("") is None and 0 <= config.listen.port < 65536, "config.listen", config.listen)
     expect(1 <= config.max_per_client <= 4096 and 1 <= config.max_transfers <= 4096, "config.limits", config)
     expect(config.idle_timeout is None or config.idle_timeout > 0, "config.idle_timeout", config.idle_timeout)
 
@@ -1090,7 +1093,10 @@ class MemoryStore:
     def _missing(code: str, operation: str) -> Exception:
         from botocore.exceptions import ClientError
 
-        return ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": 404}}, operation)
+        missing: Exception = ClientError(
+            {"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": 404}}, operation
+        )
+        return missing
 
     def get_object(self, Bucket: str, Key: str, Range: str | None = None) -> dict[str, Any]:
         with self._lock:
@@ -1117,6 +1123,12 @@ class MemoryStore:
     def delete_object(self, Bucket: str, Key: str) -> dict[str, Any]:
         with self._lock:
             self.objects.pop(Key, None)
+        return {}
+
+    def delete_objects(self, Bucket: str, Delete: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            for listed in Delete["Objects"]:
+                self.objects.pop(listed["Key"], None)
         return {}
 
     def create_multipart_upload(self, Bucket: str, Key: str) -> dict[str, Any]:
@@ -1185,8 +1197,8 @@ def manifests_of(data: bytes) -> dict[str, bytes]:
     return found
 
 
-def written_back(entry: Entry, stream: dict[str, Any]) -> bytes:
-    """``entry``'s manifest as ``send --to s3://`` writes one (:func:`sendstream.ops.stored.manifest`)."""
+def written_back(entry: Entry, stream: Identity) -> bytes:
+    """``entry``'s manifest as ``send --to s3://`` writes one (:func:`sendstream.transfer.stored.manifest`)."""
     objects = [{"key": key, "size": size} for key, size in entry.objects]
     more: dict[str, Any] = {"stored": entry.stored, "objects": objects}
     if entry.sealed:
@@ -1208,6 +1220,7 @@ def manifest_read(store: MemoryStore, name: str) -> Entry:
         entry = read_manifest(store, ARCHIVE, name)
     except e.SendStreamError as exc:
         one_of(exc, e.BadManifest, where="read_manifest")
+        assert isinstance(exc, e.BadManifest)  # one_of let nothing else through
         expect(exc.streams == (name.removesuffix(".json"),), "manifest.BadManifest", exc.streams)
         raise
     expect(
@@ -1224,7 +1237,7 @@ def manifest_read(store: MemoryStore, name: str) -> Entry:
     else:
         held = sum(size for _, size in entry.objects)
     expect(held == entry.size, "manifest.size", (held, entry.size))
-    stream = json.loads(store.objects[ARCHIVE.key(name)])["stream"]
+    stream: Identity = json.loads(store.objects[ARCHIVE.key(name)])["stream"]  # (read_manifest checked it)
     again = read_manifest(MemoryStore({ARCHIVE.key(name): written_back(entry, stream)}), ARCHIVE, name)
     if entry_fields(again) != entry_fields(entry):
         raise Finding("Mismatch@manifest.written-back", f"{entry_fields(entry)!r:.300} != {entry_fields(again)!r:.300}")
@@ -1247,7 +1260,7 @@ def chain_checks(found: list[Entry], bad: list[e.BadManifest]) -> None:
         [x.name for x in found],
     )
     for tree in trees:
-        (depth, root), path = tree[0], []
+        (depth, root), path = tree[0], list[Entry]()
         expect(depth == 0 and (root.parent is None or root.parent not in by_ident), "chains.root", root.name)
         for depth, entry in tree:
             del path[depth:]
@@ -2031,8 +2044,8 @@ def list_seeds() -> dict[str, bytes]:
     """The service's answers to ``send --list``: of an archive, of received subvolumes (a name that is
     not UTF-8 among them), none, and a refusal."""
     store, _ = archive_seeds()
-    archived = held(ServiceClient("web1", b"k", ARCHIVE.url()), store)
-    received = [
+    archived = ServiceClient("web1", b"k", ARCHIVE.url()).store(lambda: store).held()
+    received: list[dict[str, Any]] = [
         {**held_name(b"snap\xe9-1"), "uuid": A, "ctransid": 10, "parent_uuid": None, "parent_ctransid": None},
         {**held_name(b"snap-2"), "uuid": B, "ctransid": 20, "parent_uuid": A, "parent_ctransid": 10},
     ]
@@ -2221,8 +2234,13 @@ SESSION_DICT = [
 ]  # fmt: skip
 _JSON_DICT = [b"null", b"true", b"false", b"[", b"{", b"}", b"]", b"\\u0000", b"1e999", b"-1", b"18446744073709551616",
               b"9223372036854775808", b"\\ud800", b'""']  # fmt: skip
+# Times at and around the limits of time_t, struct tm and Python's datetime, as a timespec's seconds:
+# the dump printed some natively and failed on the pure path (issue 27).
+_TIME_DICT = [struct.pack("<q", t) for t in EDGE_TIMES]
 # Tokens of each target's format (libFuzzer's -dict), beside what it learns from the seeds.
 DICTS = {
+    "decoder": _TIME_DICT,
+    "dump": _TIME_DICT,
     "session": SESSION_DICT,
     "config": [b"[clients.", b"[[clients]]", b'key = "keys/', b'store = "', b'receive = "mnt/backup/', b"trusted = [",
                b'quota = "', b'listen = "', b'tls = "', b"max_transfers = ", b"max_per_client = ",
@@ -2334,6 +2352,8 @@ def interesting_value(rng: random.Random, t: int) -> bytes:
     size = {"u8": 1, "u32": 4, "u64": 8, "timespec": 12}.get(kind, 8)
     if rng.random() < 0.1:
         size = rng.choice((0, 1, 2, 3, 7, 9, 16))  # the wrong size
+    elif kind == "timespec" and rng.random() < 0.5:
+        return struct.pack("<qL", rng.choice(EDGE_TIMES), rng.choice((0, 999_999_999, 1_000_000_000, 0xFFFFFFFF)))
     value = rng.choice(_INTERESTING_INTS) if rng.random() < 0.8 else rng.getrandbits(64)
     return (value & ((1 << 64) - 1)).to_bytes(8, "little")[: min(size, 8)].ljust(size, b"\0")
 

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this tree's sendstream, here and in the children, not an installed one
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
-from sendstream.net.tls import MODES, why_unavailable  # noqa: E402
+from sendstream.transport.tls import MODES, why_unavailable  # noqa: E402
 
 STREAM = ROOT / "fixtures" / "rich-full-v2.stream"
 KERNEL_BOTH = "TX kernel, RX kernel"

@@ -33,7 +33,7 @@ from make_fixtures import summarize_path
 from support.loopfs import btrfs_loop, require_btrfs
 
 from sendstream import Command, Decoder, StreamHeader, encode_command
-from sendstream.codec.crc import IMPLEMENTATION as CRC_IMPLEMENTATION
+from sendstream.codec.backend import default as default_backend
 from sendstream.errors import FormatError
 from sendstream.format.layout import STREAM_HEADER_SIZE
 
@@ -209,7 +209,7 @@ def build(outdir: pathlib.Path, name: str) -> dict[str, Any]:
         with Timer("btrfs send") as t:
             run(["btrfs", "send", *spec["send_args"], "-f", str(tmp), name], cwd=mnt)
         timings["send"] = t.elapsed
-    with Timer(f"scan (sendstream strict decoder, {CRC_IMPLEMENTATION})") as t:
+    with Timer(f"scan (sendstream strict decoder, {default_backend().crc_name})") as t:
         res = summarize_path(tmp, attr_orders=False)
     timings["scan"] = t.elapsed
     with Timer("btrfs receive --dump | count lines") as t:

@@ -12,7 +12,7 @@ OUTDIR defaults to fixtures/ next to tools/.  For each kernel stream NAME the fu
 run writes OUTDIR/NAME.stream (exact ``btrfs send`` output) and OUTDIR/NAME.dump
 (exact stdout of ``TZ=UTC btrfs receive --dump < NAME.stream``).  verity-v3.stream
 is written by sendstream's own writer (no kernel here writes v3) and its dump is
-``TZ=UTC sendstream dump`` output, as btrfs-progs 6.2 cannot read v3.  Every
+``TZ=UTC sendstream dump --progs-style 6.2`` output, as btrfs-progs 6.2 cannot read v3.  Every
 stream is read back with the sendstream library (strict decoder: framing, CRCs,
 attributes) and checked against its spec; OUTDIR/MANIFEST.md records the result.
 """
@@ -845,7 +845,7 @@ V3_SPEC = Spec(
     "protocol v3, written by sendstream's own writer (no kernel here writes v3): SUBVOL, CHOWN/CHMOD of the "
     "root, MKFILE + RENAME, WRITE (DATA without length), FALLOCATE (punch hole), zlib ENCODED_WRITE, FILEATTR, "
     "ENABLE_VERITY (sha256, 4 KiB blocks, 8-byte salt, signature), UTIMES with OTIME, in the kernel's attribute "
-    "orders. The dump is `TZ=UTC sendstream dump` output: btrfs-progs 6.2 rejects v3 streams "
+    "orders. The dump is `TZ=UTC sendstream dump --progs-style 6.2` output: btrfs-progs 6.2 rejects v3 streams "
     "(`ERROR: stream version 3 not supported`)",
     _all(
         _need_cmds(
@@ -880,7 +880,8 @@ def write_v3(outdir: pathlib.Path) -> None:
     tmp = stream.with_suffix(".stream.tmp")
     tmp.write_bytes(v3_stream())
     os.replace(tmp, stream)
-    proc = sendstream_cli("dump", str(stream))
+    # in 6.2's style, as the other stored dumps (btrfs-progs 6.2's own)
+    proc = sendstream_cli("dump", "--progs-style", "6.2", str(stream))
     if proc.returncode != 0:
         raise SystemExit(f"sendstream dump {stream} failed: {proc.stderr.decode(errors='replace')}")
     (outdir / f"{V3_NAME}.dump").write_bytes(proc.stdout)
@@ -908,9 +909,9 @@ def check_v3(outdir: pathlib.Path, problems: list[str]) -> None:
         proc = sendstream_cli("convert", str(stream), str(out))
         if proc.returncode != 0 or not out.exists() or out.read_bytes() != data:
             problems.append(f"{name}: sendstream convert does not give the same bytes back")
-    proc = sendstream_cli("dump", str(stream))
+    proc = sendstream_cli("dump", "--progs-style", "6.2", str(stream))
     if proc.returncode != 0 or proc.stdout != dump:
-        problems.append(f"{name}: the stored dump differs from `TZ=UTC sendstream dump`")
+        problems.append(f"{name}: the stored dump differs from `TZ=UTC sendstream dump --progs-style 6.2`")
 
 
 # ---------------------------------------------------------------------------
@@ -1083,7 +1084,8 @@ def render_manifest(results: list[Result], kernel_info: str) -> str:
         "",
         f"The exception is `{V3_NAME}`: no kernel here writes protocol v3, so sendstream's own writer makes it "
         "(`python3 tools/make_fixtures.py --v3-only`, byte-deterministic), and as btrfs-progs 6.2 cannot read "
-        f"v3 streams, `{V3_NAME}.dump` is the stdout of `TZ=UTC sendstream dump {V3_NAME}.stream`.",
+        f"v3 streams, `{V3_NAME}.dump` is the stdout of `TZ=UTC sendstream dump --progs-style 6.2 {V3_NAME}.stream` "
+        "(the 6.2 text, as every stored dump).",
         "",
         "Content is deterministic (seeded data, fixed atime/mtime) but UUIDs, transids, "
         "ctimes and otimes change on every run. btrfs-progs 6.2 prints xattr data raw, so "

@@ -16,7 +16,8 @@ export PYTHONPATH="$work"
 export LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # the sanitized build must be the one imported
-python3 -c "import sendstream.codec.native as n; assert n.NATIVE and n.module.__file__.startswith('$work'), n.module"
+python3 -c "from sendstream.codec.backend import native as n; assert n() and n().module.__file__.startswith('$work'), n()"
 t="$root/tests"
-python3 -m pytest -q -p no:cacheprovider --rootdir "$root" "$t/test_native.py" "$t/test_restart.py" \
-    "$t/test_properties.py" "$t/test_corrupt.py" "$t/test_fuzz_corpus.py" -k "not live" "$@"
+python3 -m pytest -q -p no:cacheprovider --rootdir "$root" "$t/unit/test_native.py" "$t/integration/test_native_cli.py" \
+    "$t/unit/test_restart.py" "$t/integration/test_restart_cli.py" "$t/unit/test_properties.py" \
+    "$t/unit/test_corrupt.py" "$t/integration/test_fuzz_corpus.py" -k "not live" "$@"

@@ -59,8 +59,8 @@ if "PYTHONPATH" not in os.environ:
     sys.path.insert(0, str(REPO))
 
 from sendstream import Command, Decoder, encode_command  # noqa: E402
-from sendstream.net.tls.keys import new_key_file  # noqa: E402
 from sendstream.ops.verify import verify_file  # noqa: E402
+from sendstream.transport.tls.keys import new_key_file  # noqa: E402
 
 CMD = [sys.executable, "-m", "sendstream"]
 FULL = REPO / "fixtures" / "rich-full-v2.stream"
@@ -399,7 +399,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         rss["to"] = service.rss()
         seconds = time.monotonic() - began
         service.stop()
-        failures += check(transfers, tmp / "places")
+        failures += check(transfers, tmp / "places", service.events)
         growth = rss["to"] - rss.get("from", rss["to"])
         if growth >= args.rss_growth_mb * 1_000_000:
             failures.append(
@@ -429,8 +429,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         }
 
 
-def check(transfers: list[Transfer], places: Path) -> list[str]:
-    """What must hold of the places once the service stopped."""
+def check(transfers: list[Transfer], places: Path, events: list[dict[str, object]]) -> list[str]:
+    """What must hold of the places once the service stopped (``events``: the service's log, to tell of a
+    stream that is not what was sent)."""
     failures = []
     expected: dict[str, set[str]] = {}
     for t in transfers:
@@ -440,7 +441,8 @@ def check(transfers: list[Transfer], places: Path) -> list[str]:
         expected.setdefault(t.client, set()).update({t.name, t.name + ".json"})
         path = places / t.client / t.name
         if not path.exists() or path.read_bytes() != t.data:
-            failures.append(f"transfer {t.index}: {path} is not the stream sent")
+            logged = [ev for ev in events if t.name.split(".")[0] in json.dumps(ev)]
+            failures.append(f"transfer {t.index}: {path} is not the stream sent: {difference(path, t)}; log {logged}")
             continue
         note = json.loads((places / t.client / (t.name + ".json")).read_text())
         if note["size"] != len(t.data) or note["sha256"] != hashlib.sha256(t.data).hexdigest():
@@ -454,6 +456,18 @@ def check(transfers: list[Transfer], places: Path) -> list[str]:
         if left:
             failures.append(f"{client_dir}: left behind: {sorted(left)[:5]}")
     return failures
+
+
+def difference(path: Path, t: Transfer) -> str:
+    """How the file at ``path`` differs from transfer ``t``'s stream, and what its sender and manifest said:
+    what a failure of this kind needs to be understood after the soak's directory is gone."""
+    manifest = path.with_name(path.name + ".json")
+    said = f"runs {t.attempts}, manifest {manifest.read_text()[:300]!r}" if manifest.exists() else "no manifest"
+    if not path.exists():
+        return f"missing ({said}; the place holds {sorted(p.name for p in path.parent.iterdir())[:8]})"
+    data = path.read_bytes()
+    at = next((i for i, (a, b) in enumerate(zip(data, t.data, strict=False)) if a != b), min(len(data), len(t.data)))
+    return f"{len(data)} bytes of {len(t.data)}, first difference at {at} ({said})"
 
 
 def main(argv: list[str] | None = None) -> int:

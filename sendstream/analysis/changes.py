@@ -51,6 +51,7 @@ from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple
 
 from .. import errors as e
+from ..codec.backend import Backend
 from ..codec.events import EndOfInput, Restart
 from ..format.command import Command
 from ..io.framed import FramedInput, StreamSource, Warn
@@ -324,7 +325,9 @@ def read_changes(
     max_held: int = MAX_HELD,
     max_command_size: int | None = None,
     warn: Warn | None = None,
+    backend: Backend | None = None,
 ) -> Iterator[tuple[SubvolumeChanges, bool]]:
-    """:func:`each_subvolume` of the stream at ``source``; its problems go to ``warn`` once it is read."""
-    with FramedInput(source, max_command_size=max_command_size, warn=warn) as stream:
+    """:func:`each_subvolume` of the stream at ``source`` (read and checked by ``backend``, the default
+    one without it); its problems go to ``warn`` once it is read."""
+    with FramedInput(source, max_command_size=max_command_size, warn=warn, backend=backend) as stream:
         yield from each_subvolume(stream.events(), max_names=max_names, max_held=max_held)

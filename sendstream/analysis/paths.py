@@ -75,7 +75,7 @@ _CREATE = frozenset({"mkfile", "mkdir", "mknod", "mkfifo", "mksock", "symlink"})
 _REMOVE = frozenset({"unlink", "rmdir"})
 
 
-_SUBVOLUME = frozenset({"subvol", "snapshot"})
+SUBVOLUME = frozenset({"subvol", "snapshot"})
 
 
 _ORPHAN_PREFIX = b"o"
@@ -93,7 +93,7 @@ NAME_UNIT = 64
 # Names per subvolume: the tracker takes 140-200 bytes a name besides the name
 # (a deep chain of short names the least, a directory of many the most) and
 # `ls` and `diff` ~100 more for its change. At this limit, with 64-byte names,
-# `ls` peaks at 243 MB (VmPeak) of the 300 MB that tests/test_memory_bounds.py allows,
+# `ls` peaks at 243 MB (VmPeak) of the 300 MB that tests/soak/test_memory_bounds.py allows,
 # 270 MB with max_held full. Snapshots of 400k files and directories go through
 # (the benchmark's metadata stream has ~137k); --max-names raises it.
 MAX_NAMES = 400_000
@@ -389,7 +389,7 @@ class PathTracker:
         """Update the names for ``command``; None for commands without a path."""
         self._command = command
         name = command.name
-        if name in _SUBVOLUME:
+        if name in SUBVOLUME:
             self.start(bytes(command.get("path")), command.get("uuid", None))
             return None
         if command.attributes is None or name == "end":
@@ -441,4 +441,4 @@ class PathTracker:
         return Touched(path, entry)
 
 
-_C_RENAME, _C_LINK, _C_CLONE = COMMAND_NUMBERS["rename"], COMMAND_NUMBERS["link"], COMMAND_NUMBERS["clone"]
+C_RENAME, C_LINK, C_CLONE = COMMAND_NUMBERS["rename"], COMMAND_NUMBERS["link"], COMMAND_NUMBERS["clone"]

@@ -15,12 +15,12 @@ from ..format.layout import (
     command_name,
 )
 from .paths import (
-    _C_CLONE,
-    _C_LINK,
-    _C_RENAME,
-    _SUBVOLUME,
+    C_CLONE,
+    C_LINK,
+    C_RENAME,
     MAX_HELD,
     MAX_NAMES,
+    SUBVOLUME,
     Entry,
     Inode,
     PathTracker,
@@ -127,7 +127,7 @@ class PathResolver:
             )
         if not isinstance(event, Command):
             return
-        if event.name in _SUBVOLUME or event.name == "end":
+        if event.name in SUBVOLUME or event.name == "end":
             yield from self.flush(event)
         touched = self.tracker.feed(event)
         if touched is None:
@@ -171,7 +171,7 @@ class PathResolver:
             split = end - self._other_len[i]
             path = path[: self._shared[i]] + blob[start:split]
             entry, other = self._refs[2 * i], self._refs[2 * i + 1]
-            other_path = bytes(blob[split:end]) if cmd in (_C_RENAME, _C_LINK, _C_CLONE) else None
+            other_path = bytes(blob[split:end]) if cmd in (C_RENAME, C_LINK, C_CLONE) else None
             clone_uuid = self._foreign.get(i)
             other_final = other_path if clone_uuid is not None else finals.of(other)
             yield CommandPaths(

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import errors as e
-from ..ops.identity import check_identity, checked_integer, load_json, printable, short_json
-from ..ops.stored import MANIFEST_FORMAT, stream_name
+from ..transfer.identity import Made, check_identity, checked_integer, load_json, printable, short_json
+from ..transfer.stored import MANIFEST_FORMAT, stream_name
 from .seal import CIPHER, SEGMENT, opened_size
-from .store import Location, calling, missing
+from .store import BucketClient, Location, calling, missing
 
 MANIFEST_SUFFIX = ".stream.json"
 MAX_MANIFEST = 1 << 20
@@ -82,13 +82,20 @@ def identity_of(name: str) -> tuple[Ident, Ident | None] | None:
     if match is None:
         return None
     uuid, ctransid, parent_uuid, parent_ctransid = match.groups()
-    fields = {"uuid": uuid, "ctransid": ctransid, "parent_uuid": parent_uuid, "parent_ctransid": parent_ctransid}
-    if stream_name(fields) != name:  # spelt as no stream of ours is (upper case, leading zeros)
+    parent = (parent_uuid, int(parent_ctransid)) if parent_uuid else None
+    made = Made(
+        command=None,
+        uuid=uuid,
+        ctransid=int(ctransid),
+        parent_uuid=parent_uuid,
+        parent_ctransid=parent[1] if parent else None,
+    )
+    if stream_name(made) != name:  # spelt as no stream of ours is (upper case, leading zeros)
         return None
-    return (uuid, int(ctransid)), (parent_uuid, int(parent_ctransid)) if parent_uuid else None
+    return (uuid, int(ctransid)), parent
 
 
-def listing(s3: Any, location: Location) -> Iterator[tuple[str, datetime.datetime]]:
+def listing(s3: BucketClient, location: Location) -> Iterator[tuple[str, datetime.datetime]]:
     """The objects directly under ``location`` (names after the prefix), with when each was last written;
     :class:`~sendstream.errors.StoreError` past :data:`MAX_LISTED` keys."""
     count = 0
@@ -108,10 +115,18 @@ def listing(s3: Any, location: Location) -> Iterator[tuple[str, datetime.datetim
                 key, when = item.get("Key"), item.get("LastModified")
                 if not isinstance(key, str) or not key.startswith(location.prefix):
                     raise e.StoreError(location.url(), f"its listing names {short_json(key)}, not a key here")
-                yield key[len(location.prefix) :], when if isinstance(when, datetime.datetime) else _LONG_AGO
+                yield key[len(location.prefix) :], _when(when)
 
 
-def entries(s3: Any, location: Location, problems: list[e.BadManifest] | None = None) -> list[Entry]:
+def _when(value: object) -> datetime.datetime:
+    """A listed object's LastModified, comparable with every other: one without a time zone (a store that
+    says none) taken as UTC, anything not a time as long ago."""
+    if not isinstance(value, datetime.datetime):
+        return _LONG_AGO
+    return value if value.tzinfo is not None else value.replace(tzinfo=datetime.UTC)
+
+
+def entries(s3: BucketClient, location: Location, problems: list[e.BadManifest] | None = None) -> list[Entry]:
     """Every stream archived directly under ``location``, by name (once, though a store lists it twice). A
     manifest that cannot be taken is left out, and added to ``problems`` when given; one deleted since the
     listing is left out."""
@@ -149,7 +164,9 @@ def entries(s3: Any, location: Location, problems: list[e.BadManifest] | None = 
     return found
 
 
-def read_manifest(s3: Any, location: Location, name: str, spend: Callable[[int], object] | None = None) -> Entry:
+def read_manifest(
+    s3: BucketClient, location: Location, name: str, spend: Callable[[int], object] | None = None
+) -> Entry:
     """The manifest ``name`` (``NAME.stream.json``) under ``location`` (``spend`` hears its size before it
     is read on); :class:`~sendstream.errors.BadManifest` when it cannot be taken."""
     url = printable(location.url(name))  # (a key in the listing may hold anything)
@@ -254,7 +271,7 @@ def _sealing(
     return _text(encryption.get("key"), "its key"), tuple(parts)
 
 
-def _shown(ident: tuple[Ident, Ident | None]) -> str:
+def _shown(ident: tuple[tuple[str | None, int | None], tuple[str | None, int | None] | None]) -> str:
     (uuid, ctransid), parent = ident
     return printable(f"{uuid} at ctransid {ctransid}" + (f" from {parent[0]} at {parent[1]}" if parent else ""))
 
@@ -388,7 +405,7 @@ def plan_prune(
     return [x for x in ordered if x in wanted], [x for x in ordered if x not in wanted]
 
 
-def remove(s3: Any, location: Location, entry: Entry) -> None:
+def remove(s3: BucketClient, location: Location, entry: Entry) -> None:
     """Delete an archived stream: its manifest first (then it is no longer archived), then its own
     objects (``NAME``, ``NAME.1``, ...), never another's."""
     own = [entry.name] + [f"{entry.name}.{k}" for k in range(1, len(entry.objects))]

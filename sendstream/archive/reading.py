@@ -33,14 +33,14 @@ from ..codec.framer import Framer
 from ..format.command import Command
 from ..format.layout import COMMAND_HEADER_SIZE, STREAM_MAGIC
 from ..io.windows import file_events
-from ..ops.identity import describe, made_by, printable, snapshot_name
-from ..ops.ledger import Ledger
 from ..ops.repair import Healer
-from ..ops.stored import Unnamed, stream_name
+from ..transfer.identity import describe, made_by, printable, snapshot_name
+from ..transfer.ledger import Ledger
+from ..transfer.stored import Unnamed, stream_name
 from .catalog import MANIFEST_SUFFIX, Entry, chain_to, chains, entries
 from .hashing import Hasher
 from .seal import SEAL_OVERHEAD, SEALED_SEGMENT, Sealer, segment_count
-from .store import Location, calling, connect
+from .store import BucketClient, Location, calling, connect
 
 CHUNK = 8 << 20
 AHEAD = 3  # ranged GETs at once: one GET at a time is slower than the checks
@@ -55,7 +55,7 @@ class RangedReader:
     """
 
     def __init__(
-        self, s3: Any, location: Location, entry: Entry, *, digest: Any = None, sealer: Sealer | None = None
+        self, s3: BucketClient, location: Location, entry: Entry, *, digest: Any = None, sealer: Sealer | None = None
     ) -> None:
         self._s3 = s3
         self._location = location
@@ -154,7 +154,7 @@ def opener(entry: Entry, location: Location, key: Sealer | None) -> Sealer | Non
 
 
 def check(
-    s3: Any,
+    s3: BucketClient,
     location: Location,
     entry: Entry,
     write: Callable[[Any], object] = lambda data: None,
@@ -217,7 +217,7 @@ def _makes(entry: Entry, first: Event) -> None:
         )
 
 
-def archived(s3: Any, location: Location, problems: list[e.BadManifest] | None = None) -> list[Entry]:
+def archived(s3: BucketClient, location: Location, problems: list[e.BadManifest] | None = None) -> list[Entry]:
     """Every stream archived directly under ``location`` (manifests that cannot be taken go to ``problems``);
     none, and no problem either, is :class:`~sendstream.errors.NothingFound` (a prefix with a typo must not
     pass, under cron, as an archive that checks clean)."""
@@ -229,7 +229,7 @@ def archived(s3: Any, location: Location, problems: list[e.BadManifest] | None =
     return found
 
 
-def resolve(s3: Any, location: Location, snapshot: str, key: Sealer | None = None) -> list[Entry]:
+def resolve(s3: BucketClient, location: Location, snapshot: str, key: Sealer | None = None) -> list[Entry]:
     """The streams that make ``snapshot`` (a snapshot's name or UUID, as ``archive ls`` shows them, or
     ``UUID.CTRANSID``), full stream first, each one's key checked: all a restore must know before it
     starts a consumer and hands anything on."""
@@ -313,7 +313,7 @@ class EndHeld:
 
 
 def restore(
-    s3: Any,
+    s3: BucketClient,
     location: Location,
     chain: list[Entry],
     write: Callable[[Any], object],
@@ -365,7 +365,7 @@ class Verdict:
 
 
 def verify(
-    s3: Any,
+    s3: BucketClient,
     location: Location,
     endpoint_url: str | None,
     workers: int | None = None,

@@ -20,7 +20,7 @@ import os
 from typing import Any
 
 from .. import errors as e
-from ..net.tls.keys import fingerprint
+from ..transport.tls.keys import fingerprint
 
 CIPHER = "AES-256-GCM"
 NONCE = 12

@@ -4,7 +4,7 @@ It holds the multipart upload's ID, the objects already completed, the
 parts completed in order (number, ETag, size), how they are sealed (the
 cipher and the key's fingerprint, or nothing) and the checkpoint where the
 last of them ends: the stream's identity, the offset, the number of
-commands before it and the ledger there (:mod:`sendstream.ops.ledger`). A
+commands before it and the ledger there (:mod:`sendstream.transfer.ledger`). A
 run of ``send --to s3:// --resumable`` reads the same stream again, checks
 it against that ledger, uploads only the parts after it, and completes the
 same upload. It is signed with HMAC-SHA-256 under a key derived from the
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import errors as e
-from ..ops.identity import check_identity, checked_integer, load_json, printable
-from ..ops.ledger import Checkpoint
-from .store import Location, calling, missing
+from ..transfer.identity import Identity, check_identity, checked_integer, load_json, printable
+from ..transfer.ledger import Checkpoint
+from .store import BucketClient, Location, calling, missing
 
 STATE_SUFFIX = ".upload"
 STATE_FORMAT = "sendstream-upload-2"  # 1 did not say how its parts are sealed
@@ -36,7 +36,7 @@ MAX_DEPTH = 5  # {"state": {"objects": [{"parts": [...]}]}}: the objects a seale
 class UploadState:
     """Where a resumable upload stands."""
 
-    stream: dict[str, Any]
+    stream: Identity
     upload_id: str
     key: str  # of the object being uploaded, under the prefix
     objects: list[dict[str, Any]] = field(default_factory=list)  # completed before it: key, size
@@ -75,7 +75,7 @@ def _mac(key: bytes, payload: bytes) -> str:
     return hmac.new(state_key, payload, hashlib.sha256).hexdigest()
 
 
-def save(s3: Any, location: Location, name: str, state: UploadState, key: bytes) -> None:
+def save(s3: BucketClient, location: Location, name: str, state: UploadState, key: bytes) -> None:
     body = {
         "format": STATE_FORMAT,
         "stream": state.stream,
@@ -97,7 +97,7 @@ def save(s3: Any, location: Location, name: str, state: UploadState, key: bytes)
         )
 
 
-def load(s3: Any, location: Location, name: str, key: bytes) -> UploadState | None:
+def load(s3: BucketClient, location: Location, name: str, key: bytes) -> UploadState | None:
     """The state of an earlier run of the upload of ``name``; None when there is none."""
     url = location.url(name + STATE_SUFFIX)
     try:
@@ -151,6 +151,6 @@ def _object(o: Any) -> dict[str, Any]:
     return done
 
 
-def forget(s3: Any, location: Location, name: str) -> None:
+def forget(s3: BucketClient, location: Location, name: str) -> None:
     with calling(location.url(name + STATE_SUFFIX)):
         s3.delete_object(Bucket=location.bucket, Key=location.key(name + STATE_SUFFIX))

@@ -13,17 +13,44 @@ from __future__ import annotations
 import contextlib
 import re
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from traceback import walk_tb
-from typing import Any
+from typing import Any, Literal, Protocol
 
 from .. import errors as e
-from ..ops.identity import printable
+from ..transfer.identity import printable
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _LATER = {"SlowDown", "RequestTimeout", "ServiceUnavailable", "InternalError", "ThrottlingException"}
 POOL = 16  # connections kept per client: the parts in flight, and readers ahead
+
+Answer = dict[str, Any]  # what botocore made of a store's answer: its fields, as the S3 API names them
+
+
+class Pages(Protocol):
+    """A paginator of the client: the pages of one listing."""
+
+    def paginate(self, *, Bucket: str, **arguments: str) -> Iterable[Answer]: ...
+
+
+class BucketClient(Protocol):
+    """The calls of an S3 client the archive makes (boto3's client has them; so may a test's own)."""
+
+    def get_object(self, *, Bucket: str, Key: str, Range: str = ...) -> Answer: ...
+    def head_object(self, *, Bucket: str, Key: str) -> Answer: ...
+    def put_object(self, *, Bucket: str, Key: str, Body: bytes) -> Answer: ...
+    def delete_object(self, *, Bucket: str, Key: str) -> Answer: ...
+    def delete_objects(self, *, Bucket: str, Delete: dict[str, object]) -> Answer: ...
+    def create_multipart_upload(self, *, Bucket: str, Key: str) -> Answer: ...
+    def upload_part(
+        self, *, Bucket: str, Key: str, UploadId: str, PartNumber: int, Body: bytes | bytearray, ChecksumCRC32C: str
+    ) -> Answer: ...
+    def complete_multipart_upload(
+        self, *, Bucket: str, Key: str, UploadId: str, MultipartUpload: dict[str, list[dict[str, object]]]
+    ) -> Answer: ...
+    def abort_multipart_upload(self, *, Bucket: str, Key: str, UploadId: str) -> Answer: ...
+    def get_paginator(self, operation: Literal["list_objects_v2", "list_parts"]) -> Pages: ...
 
 
 @dataclass(frozen=True)
@@ -56,7 +83,7 @@ class Location:
         return Location(self.bucket, head + "/" if head else ""), tail
 
 
-def connect(endpoint_url: str | None = None) -> Any:
+def connect(endpoint_url: str | None = None) -> BucketClient:
     """An S3 client from boto3's chain of credentials and endpoints (``endpoint_url`` first, if given)."""
     try:
         import boto3
@@ -68,7 +95,8 @@ def connect(endpoint_url: str | None = None) -> Any:
     config = Config(max_pool_connections=POOL, retries={"max_attempts": 5, "mode": "standard"})
     with calling("s3://"):
         try:
-            return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+            client: BucketClient = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+            return client
         except ValueError as exc:  # botocore's word on an endpoint, ours or one from AWS_ENDPOINT_URL or ~/.aws
             given = (
                 f"--endpoint-url {endpoint_url!r}"

@@ -8,7 +8,7 @@ next one fills, with at most :data:`IN_FLIGHT_BYTES` (or one part, when a
 part is larger) in flight: the memory is that plus the part filling. Each
 part carries its standard CRC-32C (:func:`standard_crc32c`) as the S3
 additional checksum, which the store checks as it takes the part. Only a
-whole, checked stream is completed; its manifest (:mod:`sendstream.ops.stored`)
+whole, checked stream is completed; its manifest (:mod:`sendstream.transfer.stored`)
 is written last, and a stream is archived when its manifest is. On any
 failure the multipart upload is aborted, no parts left behind, unless it is
 resumable (:class:`Parts`).
@@ -32,15 +32,15 @@ from ..codec.crc import crc32c
 from ..format.layout import COMMAND_HEADER_SIZE, STREAM_MAGIC
 from ..io.framed import FramedInput, StreamSource
 from ..io.retry import Retry
-from ..ops.identity import snapshot_name, stream_identity
-from ..ops.ledger import Ledger
 from ..ops.repair import Healer
-from ..ops.stored import manifest, stream_name
+from ..transfer.identity import Identity, snapshot_name, stream_identity
+from ..transfer.ledger import Ledger
+from ..transfer.stored import manifest, stream_name
 from . import state
 from .catalog import MANIFEST_SUFFIX, Entry, listing, read_manifest
 from .hashing import Hasher
 from .seal import Sealer, sealed_size
-from .store import Location, answered, calling, missing
+from .store import BucketClient, Location, answered, calling, missing
 
 PART_SIZE = 8 << 20
 GROWTH = 1000
@@ -79,7 +79,7 @@ class Parts:
 
     def __init__(
         self,
-        s3: Any,
+        s3: BucketClient,
         location: Location,
         *,
         part_size: int = PART_SIZE,
@@ -113,7 +113,7 @@ class Parts:
         self._mark: tuple[int, int, str] = (0, 0, "")  # where the last part completed in order ends
         self._skip_to = 0  # an earlier run uploaded the stream up to here
         self.name: str | None = None
-        self.identity: dict[str, Any] | None = None
+        self.identity: Identity | None = None
         self.snapshot = ""
         self.objects: list[dict[str, Any]] = []  # completed: name and size, in order
         self.parts = 0
@@ -362,7 +362,7 @@ class Parts:
         self._current = None
 
 
-def _refuse_archived(s3: Any, location: Location, name: str) -> None:
+def _refuse_archived(s3: BucketClient, location: Location, name: str) -> None:
     url = location.url(name + ".json")
     try:
         with calling(url):
@@ -374,7 +374,7 @@ def _refuse_archived(s3: Any, location: Location, name: str) -> None:
     raise e.UsageError(f"{url}: this stream is archived already (its manifest is there)")
 
 
-def hold_sealing(s3: Any, location: Location, sealer: Sealer | None) -> None:
+def hold_sealing(s3: BucketClient, location: Location, sealer: Sealer | None) -> None:
     """Refuse to archive a stream at ``location`` sealed otherwise (with another key, or none) than the
     newest stream archived there: a prefix's streams are all sealed with one key, or all plain."""
     newest = _newest(s3, location)
@@ -392,7 +392,7 @@ def hold_sealing(s3: Any, location: Location, sealer: Sealer | None) -> None:
     )
 
 
-def _newest(s3: Any, location: Location) -> Entry | None:
+def _newest(s3: BucketClient, location: Location) -> Entry | None:
     """The stream archived at ``location`` whose manifest was written last (a manifest that cannot be taken
     is passed over)."""
     manifests = sorted((when, name) for name, when in listing(s3, location) if name.endswith(MANIFEST_SUFFIX))
@@ -423,7 +423,7 @@ class Archived:
 def upload(
     source: StreamSource,
     location: Location,
-    s3: Any,
+    s3: BucketClient,
     *,
     max_command_size: int | None = None,
     warn: Any = None,

@@ -737,11 +737,21 @@ typedef struct {
     out_t *o, *subvol, *tmp;
     time_cache_t *times;
     int raw_xattr;
+    int escaped; /* btrfs-progs 6.9.1 and later: clone source, xattr name and data escaped */
 } dumper_t;
 
 #define U64(a) le64(at->val[a])
 #define U32(a) le32(at->val[a])
 #define HAS(a) (at->seen >> (a) & 1)
+
+/* What 6.2 prints raw and 6.9.1 escapes. */
+static void put_name(dumper_t *d, const uint8_t *s, size_t n)
+{
+    if (d->escaped)
+        put_escaped(d->o, s, n);
+    else
+        put(d->o, s, n);
+}
 
 /* One line for a clean command. 0: the Python path must handle it. */
 static int dump_line(dumper_t *d, uint16_t cmd, const attrs_t *at)
@@ -803,8 +813,9 @@ static int dump_line(dumper_t *d, uint16_t cmd, const attrs_t *at)
         break;
     case C_SET_XATTR: {
         puts_(o, "name=");
-        put(o, at->val[A_XATTR_NAME], cstrlen(at->val[A_XATTR_NAME], at->len[A_XATTR_NAME]));
-        puts_(o, " data=");
+        put_name(d, at->val[A_XATTR_NAME], cstrlen(at->val[A_XATTR_NAME], at->len[A_XATTR_NAME]));
+        /* 6.9.1 dropped "data=": an empty value leaves two spaces */
+        puts_(o, d->escaped ? " " : " data=");
         const uint8_t *v = at->val[A_XATTR_DATA];
         uint32_t n = at->len[A_XATTR_DATA];
         if (d->raw_xattr)
@@ -817,7 +828,7 @@ static int dump_line(dumper_t *d, uint16_t cmd, const attrs_t *at)
     }
     case C_REMOVE_XATTR:
         puts_(o, "name=");
-        put(o, at->val[A_XATTR_NAME], cstrlen(at->val[A_XATTR_NAME], at->len[A_XATTR_NAME]));
+        put_name(d, at->val[A_XATTR_NAME], cstrlen(at->val[A_XATTR_NAME], at->len[A_XATTR_NAME]));
         break;
     case C_WRITE: case C_ENCODED_WRITE:
         puts_(o, "offset=");
@@ -825,15 +836,21 @@ static int dump_line(dumper_t *d, uint16_t cmd, const attrs_t *at)
         puts_(o, " len=");
         putu(o, at->len[A_DATA], 10);
         if (cmd == C_ENCODED_WRITE) {
-            puts_(o, ", unencoded_file_len=");
+            const char *sep = d->escaped ? " " : ", ";
+            puts_(o, sep);
+            puts_(o, "unencoded_file_len=");
             putu(o, U64(A_UNENCODED_FILE_LEN), 10);
-            puts_(o, ", unencoded_len=");
+            puts_(o, sep);
+            puts_(o, "unencoded_len=");
             putu(o, U64(A_UNENCODED_LEN), 10);
-            puts_(o, ", unencoded_offset=");
+            puts_(o, sep);
+            puts_(o, "unencoded_offset=");
             putu(o, U64(A_UNENCODED_OFFSET), 10);
-            puts_(o, ", compression=");
+            puts_(o, sep);
+            puts_(o, "compression=");
             putu(o, HAS(A_COMPRESSION) ? U32(A_COMPRESSION) : 0, 10);
-            puts_(o, ", encryption=");
+            puts_(o, sep);
+            puts_(o, "encryption=");
             putu(o, HAS(A_ENCRYPTION) ? U32(A_ENCRYPTION) : 0, 10);
         }
         break;
@@ -841,12 +858,12 @@ static int dump_line(dumper_t *d, uint16_t cmd, const attrs_t *at)
         puts_(o, "offset=");
         putu(o, U64(A_FILE_OFFSET), 10);
         puts_(o, " len=");
-        /* 6.2 reads CLONE_LEN into an int and prints it as a u64 */
+        /* btrfs-progs reads CLONE_LEN into an int and prints it as a u64 */
         putu(o, (unsigned long long)(long long)(int32_t)(uint32_t)U64(A_CLONE_LEN), 10);
         puts_(o, " from=");
         path_cat(d->tmp, (const uint8_t *)d->subvol->buf, d->subvol->len, at->val[A_CLONE_PATH],
                  cstrlen(at->val[A_CLONE_PATH], at->len[A_CLONE_PATH]));
-        put(o, d->tmp->buf, d->tmp->len);
+        put_name(d, (const uint8_t *)d->tmp->buf, d->tmp->len);
         puts_(o, " clone_offset=");
         putu(o, U64(A_CLONE_OFFSET), 10);
         break;
@@ -914,7 +931,7 @@ undo:
 }
 
 /*
- * dump_text(buffer, pos, version, max_len, subvol_path, raw_xattr, max_text)
+ * dump_text(buffer, pos, version, max_len, subvol_path, raw_xattr, escaped, max_text)
  *   -> (pos, status, need, count, nbytes, text, subvol_path)
  * Like scan(), and prints each clean command; FULL once max_text is reached.
  */
@@ -922,11 +939,11 @@ static PyObject *dump_text(PyObject *self, PyObject *args)
 {
     Py_buffer in, sv;
     Py_ssize_t pos, max_text;
-    int version, raw_xattr;
+    int version, raw_xattr, escaped;
     unsigned long long max_len;
     PyObject *o_unknown = Py_None;
-    if (!PyArg_ParseTuple(args, "y*niKy*pn|O", &in, &pos, &version, &max_len, &sv, &raw_xattr, &max_text,
-                          &o_unknown))
+    if (!PyArg_ParseTuple(args, "y*niKy*ppn|O", &in, &pos, &version, &max_len, &sv, &raw_xattr, &escaped,
+                          &max_text, &o_unknown))
         return NULL;
     PyObject *result = NULL;
     out_t o = {0}, subvol = {0}, tmp = {0};
@@ -940,7 +957,7 @@ static PyObject *dump_text(PyObject *self, PyObject *args)
     if (get_lenient(o_unknown, &unknown, &lenient, &in) < 0)
         goto out;
     put(&subvol, sv.buf, (size_t)sv.len);
-    dumper_t d = {&o, &subvol, &tmp, &times, raw_xattr};
+    dumper_t d = {&o, &subvol, &tmp, &times, raw_xattr, escaped};
     const uint8_t *buf = in.buf;
     Py_ssize_t count = 0, first = pos;
     Py_ssize_t *starts = PyMem_RawMalloc(FRAME_BATCH * sizeof *starts);
@@ -1137,7 +1154,9 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "Native batch scanner.", -1, methods};
+static struct PyModuleDef module = {
+    .m_base = PyModuleDef_HEAD_INIT, .m_name = "_native", .m_doc = "Native batch scanner.", .m_size = -1, .m_methods = methods,
+};
 
 PyMODINIT_FUNC PyInit__native(void)
 {

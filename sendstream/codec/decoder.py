@@ -8,6 +8,7 @@ no file or socket. The events are in :mod:`.events`.
 from __future__ import annotations
 
 from .. import errors as e
+from .backend import Backend
 from .events import NEED_DATA, EndOfInput, Event, NeedData
 from .framer import Framer
 from .restart import HISTORY
@@ -27,11 +28,19 @@ class Decoder:
 
     Memory is bounded: a command header's length is checked against
     ``max_command_size`` (default: the kernel's limit for the stream's
-    version) before its payload is waited for.
+    version) before its payload is waited for. ``backend`` checks the commands
+    (:func:`~.backend.default` without it).
     """
 
-    def __init__(self, *, strict: bool = False, max_command_size: int | None = None, offset: int = 0) -> None:
-        self._framer = Framer(strict=strict, max_command_size=max_command_size)
+    def __init__(
+        self,
+        *,
+        strict: bool = False,
+        max_command_size: int | None = None,
+        offset: int = 0,
+        backend: Backend | None = None,
+    ) -> None:
+        self._framer = Framer(strict=strict, max_command_size=max_command_size, backend=backend)
         self._data: bytes = b""
         self._mv = memoryview(self._data)
         self._pos = 0

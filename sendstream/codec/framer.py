@@ -2,9 +2,9 @@
 
 Frame first, check second: a command header's length is checked against
 the stream's limit before its payload is waited for, then its CRC, then its
-attributes (:mod:`.attributes`). Where the native scanner is there, it
-checks runs of commands ahead and the framer hands those out unchecked
-again. A command that cannot be framed may be a restarted send
+attributes (:mod:`.attributes`). On the native backend (:mod:`.backend`)
+its scanner checks runs of commands ahead and the framer hands those out
+unchecked again. A command that cannot be framed may be a restarted send
 (:mod:`.restart`). :class:`~sendstream.codec.decoder.Decoder` buffers for
 it; :mod:`sendstream.ops.verify` drives it over reused aligned buffers.
 """
@@ -26,11 +26,11 @@ from ..format.layout import (
     STREAM_MAGIC,
     command_name,
 )
-from . import native
 from .attributes import ATTRIBUTE_SIZES, REQUIRED_ATTRIBUTES, Where, check_attributes, split_attributes
-from .crc import crc32c
+from .backend import Backend, default
 from .events import NEED_DATA, EndOfInput, Event, NeedData, Restart, StreamHeader
 from .limits import default_max_command_size
+from .native import LENIENT_ATTRS, LENIENT_COMMANDS, LENIENT_STRICT
 from .restart import RESTART_LENGTH, find_restart
 
 _HDR_CRC_CACHE_MAX = 1 << 16
@@ -99,6 +99,7 @@ class Framer:
     :meth:`step` returns ``(event, new_pos, 0)`` or ``(NEED_DATA, pos,
     bytes_needed_from_pos)``, or raises :class:`~sendstream.errors.FormatError`.
     Values in returned commands are memoryviews into the caller's window.
+    ``backend`` checks the commands (:func:`~sendstream.codec.backend.default` without one).
     """
 
     def __init__(
@@ -108,7 +109,7 @@ class Framer:
         check_names: bool = False,
         keep_going: bool = False,
         max_command_size: int | None = None,
-        batch: bool = native.NATIVE,
+        backend: Backend | None = None,
     ) -> None:
         if max_command_size is not None and max_command_size <= 0:
             raise e.UsageError(f"max_command_size must be a positive number of bytes, not {max_command_size}")
@@ -129,14 +130,15 @@ class Framer:
         self.restarts = 0
         self._stream_start = 0
         self._limit = 0
-        # With batch, the native scanner checks runs of commands ahead; the
+        # On the native backend its scanner checks runs of commands ahead; the
         # offsets of those found clean wait here and skip the Python checks.
-        self._batch = batch
+        self.backend = backend or default()
+        self._crc32c = self.backend.crc32c
         self._clean = array("Q", bytes(8 * _CLEAN_AHEAD))
         self._clean_in: memoryview | None = None
         self._clean_next = self._clean_count = 0
         self._clean_lenient = False
-        self._unknown = array("Q", [0, 0, 0])  # a lenient scan's flags and counts (native.native_scan)
+        self._unknown = array("Q", [0, 0, 0])  # a lenient scan's flags and counts (Backend.scan)
         self._hdr_crc: dict[int, int] = {}
 
     @property
@@ -164,13 +166,13 @@ class Framer:
     def lenient(self) -> array[int] | None:
         """Counters for a native scan that lets unknown commands and attributes through, when
         their problems are only counted by now (see ``ProblemLog.counts_only``); else None."""
-        flags = native.LENIENT_COMMANDS if self.problems.counts_only(e.UnknownCommand) else 0
+        flags = LENIENT_COMMANDS if self.problems.counts_only(e.UnknownCommand) else 0
         if self.problems.counts_only(e.UnknownAttribute):
-            flags |= native.LENIENT_ATTRS
+            flags |= LENIENT_ATTRS
         if not flags:
             return None
         if self.strict:
-            flags |= native.LENIENT_STRICT
+            flags |= LENIENT_STRICT
         self._unknown[0], self._unknown[1], self._unknown[2] = flags, 0, 0
         return self._unknown
 
@@ -191,7 +193,7 @@ class Framer:
         return header, pos + STREAM_HEADER_SIZE, 0
 
     def _command(self, mv: memoryview, pos: int, eof: bool, origin: int) -> tuple[Event | NeedData, int, int]:
-        if self._batch and self._checked_ahead(mv, pos):
+        if self.backend.is_native and self._checked_ahead(mv, pos):
             return self._clean_command(mv, pos, origin)
         avail = len(mv) - pos
         if avail < COMMAND_HEADER_SIZE:
@@ -260,7 +262,7 @@ class Framer:
         i = self._clean_next
         if i >= self._clean_count or self._clean_in is not mv or self._clean[i] != pos:
             unknown = self.lenient()
-            self._clean_count = native.native_scan(mv, pos, self.version, self._limit, self._clean, unknown=unknown)[3]
+            self._clean_count = self.backend.scan(mv, pos, self.version, self._limit, self._clean, unknown=unknown)[3]
             self._clean_lenient = unknown is not None  # then counted as each command is handed out
             self._clean_in = mv
             self._clean_next = 0
@@ -302,8 +304,8 @@ class Framer:
         if seed is None:
             if len(self._hdr_crc) >= _HDR_CRC_CACHE_MAX:
                 self._hdr_crc.clear()
-            seed = self._hdr_crc[key] = crc32c(_pack_cmd(length, cmd, 0))
-        actual = crc32c(mv[start:end], seed)
+            seed = self._hdr_crc[key] = self._crc32c(_pack_cmd(length, cmd, 0))
+        actual = self._crc32c(mv[start:end], seed)
         index = self.commands
         if actual != crc:
             raise e.CrcMismatch(

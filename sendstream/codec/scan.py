@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import FormatError
+from .backend import pure
 from .events import Restart
 from .framer import Framer
 from .native import END, NEED, STOP
@@ -29,8 +30,9 @@ def run_batch(framer: Framer, batch: Batch, mv: memoryview, pos: int, origin: in
 
 
 def python_scan(buf: Any, pos: int, version: int, max_len: int) -> tuple[int, int, int, int, int]:
-    """The reference for :func:`native_scan`: the strict framer, command by command."""
-    framer = Framer(strict=True, max_command_size=max_len)
+    """The reference for :meth:`Backend.scan <sendstream.codec.backend.Backend.scan>`: the strict
+    framer on the pure backend, command by command."""
+    framer = Framer(strict=True, max_command_size=max_len, backend=pure())
     framer.start_stream(version)
     mv = memoryview(buf)
     count = nbytes = 0

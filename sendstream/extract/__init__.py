@@ -65,7 +65,10 @@ incremental stream, beyond its UUID's name. btrfs
 finds the parent by its received UUID; a plain directory has no such record
 (keeping one would add a file or an xattr that the subvolume does not have).
 Applied to the wrong directory, an incremental fails at the first command
-that does not fit, with the commands before it applied. A clone from the
+that does not fit, with the commands before it applied. An empty DIR is the
+extraction of an empty parent; the incremental may then name nothing of the
+parent but its root, and a path that is not there is told as DIR not being
+the parent's extraction (see :class:`Extractor`). A clone from the
 parent snapshot in place needs an untouched copy of the parent
 (``clone_sources``), since DIR has changed; per subvolume, the parent is it.
 

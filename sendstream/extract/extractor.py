@@ -3,6 +3,7 @@ and bookkeeping (errors located, skips reported, fds trimmed between commands)."
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,6 +39,15 @@ class Extractor:
     cannot reflink, clones copy at most ``max_clone_copy`` bytes of data in
     all (:class:`sendstream.errors.LimitExceeded` past it). ``on_skip`` is
     called for every :class:`Skipped` as it happens.
+
+    An incremental stream goes onto the extraction of its parent. An empty
+    directory is the extraction of an empty parent, as ``btrfs receive``
+    snapshots one; what guards against an empty directory that is not: the
+    subvolume is marked :attr:`Subvolume.onto_empty` (the summary says so),
+    and the stream may name nothing of the parent but its root. A command on
+    a path the stream did not make fails with an error that names the path
+    and says the directory is not the parent's extraction, before anything
+    of that command is done.
     """
 
     def __init__(
@@ -118,6 +128,8 @@ class Extractor:
             self.report.applied += 1
         except ExtractError as exc:
             self._stop_writing()
+            if exc.errno == errno.ENOENT:
+                self._not_the_parent(command, path, exc)
             _locate(exc, command, path)
             raise
         except LimitExceeded:
@@ -132,7 +144,20 @@ class Extractor:
             raise _locate(BadCommand(f"{command.name}: {exc}"), command, path) from None
         except OSError as exc:
             self._stop_writing()
+            if exc.errno == errno.ENOENT:
+                self._not_the_parent(command, path, exc)
             raise _locate(ApplyError(f"{command.name}: {exc.strerror or exc}", errno=exc.errno), command, path) from exc
+
+    def _not_the_parent(self, command: Command, path: Any, exc: BaseException) -> None:
+        """A path missing in an incremental onto an empty DIR: DIR is not the parent's extraction."""
+        record = self.report.subvolumes[-1] if self._current is not None else None
+        if record is not None and record.onto_empty:
+            wrong = BadCommand(
+                f"{record.directory!r} was empty, and the incremental names something of its parent "
+                f"{record.parent_uuid} that is not there",
+                expected="the extraction of the parent subvolume (empty only for an empty parent)",
+            )
+            raise _locate(wrong, command, path) from exc
 
     def _let_go(self, name: str) -> None:
         """Before the command ``name``: close the file kept open for writing (unless it is
@@ -175,7 +200,7 @@ class Extractor:
                 expected="one subvolume, or per_subvolume=True (--per-subvolume) to put each in DIR/NAME",
             )
         self._close_subvolume()
-        root, tree, directory = open_directory(
+        root, tree, directory, onto_empty = open_directory(
             cmd,
             kind,
             self.dest,
@@ -190,6 +215,7 @@ class Extractor:
                 cmd.get("uuid"),
                 cmd.get("clone_uuid") if kind == "snapshot" else None,
                 directory,
+                onto_empty,
             )
         except BaseException:
             tree.close()
@@ -204,12 +230,14 @@ class Extractor:
             skip=self._skip,
             max_unencoded=self.max_unencoded,
         )
-        self._current = OpenSubvolume(root, tree, data, self._skip)
+        self._current = OpenSubvolume(root, tree, data, self._skip, keep_root_times=kind == "snapshot")
         self.report.subvolumes.append(record)
         if self.per_subvolume:
             self._sources.remember(record)
 
     def _end(self, cmd: Command) -> None:
+        if self._current is not None:
+            self._current.end()
         self._close_subvolume()
 
 

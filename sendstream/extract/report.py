@@ -50,6 +50,7 @@ class Subvolume:
     uuid: UUID
     parent_uuid: UUID | None
     directory: str
+    onto_empty: bool = False  # an incremental onto an empty DIR: taken as the extraction of an empty parent
 
 
 @dataclasses.dataclass(slots=True)
@@ -107,7 +108,7 @@ class ExtractReport:
         """One line: the subvolumes, commands applied, file bytes, skips."""
         subvolumes = ", ".join(
             f"'{show(s.path)}' ({'full' if s.kind == 'subvol' else f'incremental on {s.parent_uuid}'}) "
-            f"into {s.directory}"
+            f"into {s.directory}{' (empty: its parent was empty)' if s.onto_empty else ''}"
             for s in self.subvolumes
         )
         return (

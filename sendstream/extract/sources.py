@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from uuid import UUID
 
-from ..errors import CloneSourceMissing
+from ..errors import CloneSourceMissing, UsageError
 from .report import Subvolume, show
 from .tree import COPY_CACHE, DIR_FLAGS, Tree
 
@@ -18,7 +18,10 @@ _SOURCES_OPEN = 8  # clone sources kept open at once
 
 def parse_clone_from(values: Iterable[str]) -> tuple[dict[UUID, str], list[str]]:
     """``--clone-from`` values: ``UUID=DIR`` maps one subvolume, a plain ``DIR``
-    holds extractions in subdirectories named by UUID. Returns both kinds."""
+    holds extractions in subdirectories named by UUID. Returns both kinds.
+    Every directory must exist (:class:`~sendstream.errors.UsageError` naming the
+    value otherwise); a value whose part before ``=`` is no UUID is a plain DIR
+    only where that directory exists (``=DIR``, an empty UUID, is an error)."""
     sources: dict[UUID, str] = {}
     dirs: list[str] = []
     for value in values:
@@ -27,6 +30,15 @@ def parse_clone_from(values: Iterable[str]) -> tuple[dict[UUID, str], list[str]]
             key = UUID(head) if sep else None
         except ValueError:
             key = None
+        where = value if key is None else tail
+        if not os.path.isdir(where):
+            if key is not None:
+                why = f"{where!r} is not a directory" if where else "no directory after '='"
+            elif sep:
+                why = f"{head!r} is not a UUID (UUID=DIR), and there is no directory {value!r}"
+            else:
+                why = "not a directory"
+            raise UsageError(f"--clone-from {value!r}: {why}")
         if key is None:
             dirs.append(value)
         else:

@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import BinaryIO
 
 from .. import errors as e
+from ..codec.backend import Backend
 from ..codec.events import Event
 from ..codec.framer import Framer
 from ..codec.scan import Batch
@@ -54,7 +55,8 @@ class FramedInput:
 
     As a context manager it opens ``source``; when its block ends without an
     error, it tells ``warn`` (if given) every problem not told yet, except
-    those of the ``skip`` types, and how many more there were.
+    those of the ``skip`` types, and how many more there were. ``backend``
+    reads and checks (the default one without it).
     """
 
     def __init__(
@@ -65,8 +67,9 @@ class FramedInput:
         max_command_size: int | None = None,
         warn: Warn | None = None,
         skip: tuple[type, ...] = (),
+        backend: Backend | None = None,
     ) -> None:
-        self.framer = Framer(strict=strict, max_command_size=max_command_size)
+        self.framer = Framer(strict=strict, max_command_size=max_command_size, backend=backend)
         self._warn = warn
         self._skip = skip
         self._told = 0

@@ -21,10 +21,10 @@ import sys
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from typing import BinaryIO, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 from .. import errors as e
-from ..codec import native
+from ..codec.backend import Backend, default
 from ..codec.decoder import Decoder
 from ..codec.events import EndOfInput, Event, NeedData, StreamHeader
 from ..codec.framer import Framer
@@ -124,14 +124,15 @@ class BufferedWindows:
 class MappedWindows:
     """Windows mapped read-only from a regular file, ``size`` bytes at a time.
 
-    Each mapping is guarded by the native module: if the file loses data
+    Each mapping is guarded by ``native``, the native module: if the file loses data
     while it is read (truncated by another process, an I/O error), the access
     reads zeros instead of killing the process with SIGBUS, and :meth:`check`
     raises :class:`~sendstream.errors.InputChanged` at that offset. Callers
     check before they trust a result (every window, errors, the end).
     """
 
-    def __init__(self, source: BinaryIO, size: int = WINDOW_SIZE) -> None:
+    def __init__(self, source: BinaryIO, native: Any, size: int = WINDOW_SIZE) -> None:
+        self._native = native
         self._fd = source.fileno()
         self._size = size
         self._base = self._start = source.tell()
@@ -140,7 +141,7 @@ class MappedWindows:
     def check(self) -> None:
         """Raise :class:`~sendstream.errors.InputChanged` if a live mapping lost data."""
         for slot, origin in list(self._guarded.items()):
-            at = native.module.faulted(slot)
+            at = self._native.faulted(slot)
             if at >= 0:
                 try:
                     size: int | None = os.fstat(self._fd).st_size - self._base
@@ -149,14 +150,14 @@ class MappedWindows:
                 raise e.InputChanged(origin + at, size)
 
     def _guard(self, mapped: mmap.mmap, origin: int) -> None:
-        slot = native.module.guard(mapped)
+        slot = self._native.guard(mapped)
         if slot >= 0:
             self._guarded[slot] = origin
             weakref.finalize(mapped, self._unguard, slot)
 
     def _unguard(self, slot: int) -> None:
         self._guarded.pop(slot, None)
-        native.module.unguard(slot)
+        self._native.unguard(slot)
 
     def advance(self, pos: int, need: int) -> Window:
         self.check()
@@ -204,15 +205,18 @@ def _poller(source: BinaryIO) -> Callable[[], bool]:
     return lambda: bool(poll.poll(0))
 
 
-def windows_for(source: BinaryIO, before_read: Callable[[], object] | None = None) -> BufferedWindows | MappedWindows:
+def windows_for(
+    source: BinaryIO, before_read: Callable[[], object] | None = None, backend: Backend | None = None
+) -> BufferedWindows | MappedWindows:
     """Mapped windows for a regular file, buffered ones for anything else
     (``before_read`` runs before each of their reads that may wait).
 
-    Without the native module a mapping could not survive a file that shrinks
-    under it (SIGBUS), so regular files are read then too.
+    Without the native module (the pure ``backend``) a mapping could not survive
+    a file that shrinks under it (SIGBUS), so regular files are read then too.
     """
-    if native.NATIVE and is_regular(source):
-        return MappedWindows(source)
+    native = (backend or default()).module
+    if native is not None and is_regular(source):
+        return MappedWindows(source, native)
     return BufferedWindows(source, before_read=before_read)
 
 
@@ -238,9 +242,10 @@ def file_events(
     runs of clean commands are handled by it and not yielded (with
     ``firsts``, each stream's first command still is: it says what the
     stream is). ``before_read`` runs before every read of a pipe or socket that may wait.
+    The framer's backend (the default one without a framer) reads and checks.
     """
     framer = framer or Framer()
-    windows = windows_for(source, before_read)
+    windows = windows_for(source, before_read, framer.backend)
     mv, pos, eof, origin = windows.advance(0, 0)
     step = framer.step
     first = firsts

@@ -22,14 +22,19 @@ What changes, command by command (everything else is passed on as it is):
   encrypted extent is an error;
 - FALLOCATE: what a v1 kernel sends for the same change. A punched hole or
   a zeroed range becomes WRITEs of zeros (a v1 incremental sends a hole as
-  zeros), cut at the file size when the stream shows it (a file created in
-  the stream, or after a TRUNCATE) and with KEEP_SIZE; the kernel only
-  punches inside the file. The zeros of a whole run are limited
-  (``max_zero_fill``, :data:`MAX_ZERO_FILL` by default): a hole in a file of
-  unknown size, or after a TRUNCATE to 2^62, would otherwise ask for
-  exabytes. Preallocation (mode 0 or KEEP_SIZE alone) reads as
-  zeros and changes no content: dropped, or a TRUNCATE when it grows a file
-  of known size; dropped with a warning when the size is unknown;
+  zeros); with KEEP_SIZE they stop at the size the file has at that point,
+  as the kernel only punches inside the file: a WRITE past it would grow
+  the file. That size comes from the stream (a file created in it, or
+  after a TRUNCATE, and what WRITEs, CLONEs and FALLOCATEs did since) or,
+  for a file of the parent snapshot, from ``parent`` (a function from the
+  file's path in the parent to its size there, None where there is no
+  regular file); without either the command is refused rather than
+  guessed. The zeros of a whole run are limited (``max_zero_fill``,
+  :data:`MAX_ZERO_FILL` by default): a hole after a TRUNCATE to 2^62 would
+  otherwise ask for exabytes. Preallocation (mode 0 or KEEP_SIZE alone)
+  reads as zeros and changes no content: dropped, or a TRUNCATE when it
+  grows a file of known size; dropped with a warning when the size is
+  unknown;
 - FILEATTR and ENABLE_VERITY: dropped with a warning (v1 has no way to say
   them; btrfs-progs 6.2 ignores FILEATTR anyway);
 - UTIMES keeps OTIME: attribute 12 is part of v1.
@@ -44,13 +49,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..analysis.paths import MAX_NAMES, Inode, PathTracker, limit_error
+from ..analysis.paths import MAX_NAMES, SUBVOLUME, Entry, Inode, PathTracker, limit_error
 from ..codec.compression import MAX_UNENCODED, decompress
 from ..codec.events import StreamHeader
 from ..errors import DowngradeError, shown
 from ..format.command import Command
 
-__all__ = ["MAX_ZERO_FILL", "V1_WRITE_SIZE", "DowngradeError", "Downgrader", "downgrade"]
+__all__ = ["MAX_ZERO_FILL", "V1_WRITE_SIZE", "DowngradeError", "Downgrader", "ParentSizes", "ParentTree", "downgrade"]
+
+# The size of the regular file at a path of the parent snapshot; None where there is none.
+ParentSizes = Callable[[bytes], "int | None"]
+# What the option naming the parent is called, for the errors that ask for it.
+PARENT_OPTION = "--parent"
 
 V1_WRITE_SIZE = 48 * 1024  # BTRFS_SEND_READ_SIZE
 
@@ -76,7 +86,9 @@ class Downgrader:
     ``max_names`` names per subvolume), so a renamed directory takes its
     files' sizes along. Holes become at most ``max_zero_fill`` bytes of
     zeros over the whole run (:class:`~sendstream.errors.LimitExceeded`
-    before the command past it is written).
+    before the command past it is written). ``parent`` gives the sizes of
+    the parent snapshot's files, which an incremental stream does not show
+    (see the module's FALLOCATE).
     """
 
     def __init__(
@@ -86,6 +98,7 @@ class Downgrader:
         max_unencoded: int = MAX_UNENCODED,
         max_zero_fill: int = MAX_ZERO_FILL,
         max_names: int = MAX_NAMES,
+        parent: ParentSizes | None = None,
     ) -> None:
         self._warn_cb = warn
         self.warnings: list[str] = []
@@ -94,6 +107,7 @@ class Downgrader:
         self.zero_fill = 0  # zero bytes written for holes so far
         self.max_names = max_names
         self._passthrough = False
+        self._parent = parent
         self._paths = PathTracker(max_names=max_names)
         self._handlers: dict[str, Callable[[Command, Inode], Iterator[Command]]] = {
             "write": self._write,
@@ -128,23 +142,14 @@ class Downgrader:
             yield event
             return
         inode = touched.entry.inode
+        if inode.info is None and self._parent is not None and event.name in _SIZED:
+            inode.info = _parent_size(self._parent, inode)
         handler = self._handlers.get(event.name)
         if handler is None:
-            self._track(event, inode)
+            track_size(event, inode)
             yield event
             return
         yield from handler(event, inode)
-
-    # --- sizes (only what the stream itself shows), as Inode.info -----------
-
-    def _track(self, cmd: Command, inode: Inode) -> None:
-        name = cmd.name
-        if name == "mkfile":
-            inode.info = 0
-        elif name == "truncate":
-            inode.info = int(cmd.get("size"))
-        elif name == "clone":
-            _grow(inode, int(cmd.get("file_offset")) + int(cmd.get("clone_len")))
 
     # --- commands ------------------------------------------------------------
 
@@ -155,12 +160,12 @@ class Downgrader:
         for pos in range(0, len(mv), V1_WRITE_SIZE):
             chunk = mv[pos : pos + V1_WRITE_SIZE]
             yield Command.build("write", [("path", path), ("file_offset", offset + pos), ("data", chunk)])
-        _grow(inode, offset + len(mv))
+        track_size(cmd, inode)
 
     def _write(self, cmd: Command, inode: Inode) -> Iterator[Command]:
         data = cmd.get("data")
         if len(data) <= V1_WRITE_SIZE:
-            _grow(inode, int(cmd.get("file_offset")) + len(data))
+            track_size(cmd, inode)
             yield cmd
             return
         yield from self._writes(cmd, inode, int(cmd.get("file_offset")), data)
@@ -199,7 +204,9 @@ class Downgrader:
         end = offset + length
         size: int | None = inode.info
         if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE):
-            if size is not None and mode & FALLOC_FL_KEEP_SIZE:
+            if mode & FALLOC_FL_KEEP_SIZE:
+                if size is None:
+                    raise self._unknown_size(cmd, inode)
                 end = min(end, size)
             zeros = max(0, end - offset)
             if self.zero_fill + zeros > self.max_zero_fill:
@@ -214,13 +221,16 @@ class Downgrader:
             for pos in range(offset, end, V1_WRITE_SIZE):
                 n = min(V1_WRITE_SIZE, end - pos)
                 yield Command.build("write", [("path", path), ("file_offset", pos), ("data", _ZEROS[:n])])
-            if not mode & FALLOC_FL_KEEP_SIZE:
-                _grow(inode, end)
+            track_size(cmd, inode)
             return
         if mode & FALLOC_FL_KEEP_SIZE:
             return  # preallocation only: no visible change
         if size is None:
-            self._warn(cmd, f"preallocation up to {end} of a file of unknown size dropped (the size may differ)")
+            self._warn(
+                cmd,
+                f"preallocation up to {end} of a file of unknown size dropped (the size may differ; "
+                f"{PARENT_OPTION} gives the sizes of the parent's files)",
+            )
         elif end > size:
             if end > _U64_END - 1:  # the range may end at 2^64; a size may not reach it
                 raise DowngradeError(
@@ -234,6 +244,27 @@ class Downgrader:
             inode.info = end
             yield Command.build("truncate", [("path", path), ("size", end)])
 
+    def _unknown_size(self, cmd: Command, inode: Inode) -> DowngradeError:
+        """The refusal of a KEEP_SIZE hole in a file whose size neither the stream nor the parent gives."""
+        where = shown(bytes(cmd.get("path"))) or "."
+        origin = _origin(inode)
+        if self._parent is None:
+            why = (
+                f"{where} is a file of the parent snapshot, whose size the stream does not show; "
+                f"give the parent with {PARENT_OPTION}"
+            )
+        elif origin is None:
+            why = f"{where} was neither made by the stream nor found in the parent"
+        else:
+            why = f"the parent given with {PARENT_OPTION} has no regular file at {shown(origin) or '.'}"
+        return DowngradeError(
+            f"a hole punched with KEEP_SIZE stops at the file's end, and {why}",
+            offset=cmd.offset,
+            index=cmd.index,
+            command=cmd.name,
+            expected="the file's size",
+        )
+
     def _fileattr(self, cmd: Command, inode: Inode) -> Iterator[Command]:
         self._warn(cmd, f"inode flags 0x{int(cmd.get('fileattr')):x} of {_show(cmd)} dropped (no v1 command)")
         return iter(())
@@ -241,6 +272,68 @@ class Downgrader:
     def _enable_verity(self, cmd: Command, inode: Inode) -> Iterator[Command]:
         self._warn(cmd, f"fs-verity of {_show(cmd)} dropped (no v1 command)")
         return iter(())
+
+
+# Commands that need or change a file's size: a file of the parent takes its size from there first.
+_SIZED = frozenset({"write", "encoded_write", "clone", "fallocate"})
+
+
+def _parent_size(parent: ParentSizes, inode: Inode) -> int | None:
+    """The size in the parent of the file at the path one of ``inode``'s names had there."""
+    origin = _origin(inode)
+    return None if origin is None else parent(origin)
+
+
+def _origin(inode: Inode) -> bytes | None:
+    """The path in the parent of an entry of ``inode`` (a hard link made by the stream has none)."""
+    return next((o for entry in inode.entries if (o := entry.origin) is not None), None)
+
+
+def track_size(cmd: Command, inode: Inode) -> None:
+    """What ``cmd`` does to the size kept on ``inode`` (known sizes only)."""
+    name = cmd.name
+    if name == "mkfile":
+        inode.info = 0
+    elif name == "truncate":
+        inode.info = int(cmd.get("size"))
+    elif name == "clone":
+        _grow(inode, int(cmd.get("file_offset")) + int(cmd.get("clone_len")))
+    elif name == "write":
+        _grow(inode, int(cmd.get("file_offset")) + len(cmd.get("data")))
+    elif name == "encoded_write":
+        _grow(inode, int(cmd.get("file_offset")) + int(cmd.get("unencoded_file_len")))
+    elif name == "fallocate" and not int(cmd.get("fallocate_mode")) & FALLOC_FL_KEEP_SIZE:
+        _grow(inode, int(cmd.get("file_offset")) + int(cmd.get("size")))
+
+
+class ParentTree:
+    """The sizes of the files of a parent snapshot, from its streams: feed the
+    commands of a full stream and of the incrementals on top of it, in order,
+    and call the tree with a path. The subvolume commands after the first are
+    the same tree's next state, so they start nothing new."""
+
+    def __init__(self, *, max_names: int = MAX_NAMES) -> None:
+        self._paths = PathTracker(max_names=max_names)
+        self._started = False
+
+    def feed(self, command: Command) -> None:
+        """One command of the parent's streams."""
+        if command.name in SUBVOLUME:
+            if self._started:
+                return
+            self._started = True
+        touched = self._paths.feed(command)
+        if touched is not None:
+            track_size(command, touched.entry.inode)
+
+    def __call__(self, path: bytes) -> int | None:
+        node: Entry | None = self._paths.root
+        for name in path.split(b"/") if path else ():
+            node = node.child(name) if node is not None else None
+        if node is None or node.is_parent:
+            return None
+        size: int | None = node.inode.info
+        return size
 
 
 def _grow(inode: Inode, end: int) -> None:
@@ -271,8 +364,9 @@ def downgrade(
     *,
     max_zero_fill: int = MAX_ZERO_FILL,
     max_names: int = MAX_NAMES,
+    parent: ParentSizes | None = None,
 ) -> Iterator[Any]:
     """The events of ``events`` as a v1 stream; see :class:`Downgrader`."""
-    downgrader = Downgrader(warn, max_zero_fill=max_zero_fill, max_names=max_names)
+    downgrader = Downgrader(warn, max_zero_fill=max_zero_fill, max_names=max_names, parent=parent)
     for event in events:
         yield from downgrader.events(event)

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from .. import errors as e
 from ..analysis.statistics import wire_size
+from ..codec.backend import Backend, default
 from ..codec.encoder import encode_command, encode_stream_header
 from ..codec.events import EndOfInput, Event, Restart, StreamHeader
-from ..codec.native import NATIVE, native_scan
 from ..codec.scan import Batch
 from ..format.command import Command
 from ..format.layout import COMMAND_HEADER_SIZE, command_name
@@ -29,7 +29,7 @@ from ..io.framed import FramedInput, StreamSource, Warn
 from ..io.outputs import atomic_output
 
 if TYPE_CHECKING:
-    from .ledger import Ledger
+    from ..transfer.ledger import Ledger
 
 _RUN = 1 << 16
 _KEEP_RESTARTS = 100
@@ -106,8 +106,8 @@ class Healer:
     the clean stream.
 
     Use :meth:`batch` as the batch function of
-    :func:`~sendstream.files.file_events` (when the native module is built)
-    and give every event it yields to :meth:`event`. With ``keep_last``, a
+    :func:`~sendstream.io.windows.file_events` (on the native ``backend``: the
+    default one without it) and give every event it yields to :meth:`event`. With ``keep_last``, a
     restart discards everything of its stream written so far (through
     ``truncate(offset)``) instead of checking the replay against it.
     """
@@ -120,6 +120,7 @@ class Healer:
         truncate: Callable[[int], object] | None = None,
         copy_range: Callable[[int, int], object] | None = None,
         ledger: Ledger | None = None,
+        backend: Backend | None = None,
     ) -> None:
         if keep_last and truncate is None:
             raise e.UsageError("keeping only the last restart needs an output that can be truncated")
@@ -141,16 +142,17 @@ class Healer:
         self._replay = Replay()
         self._run_lens = array("I", bytes(4 * _RUN))
         self._run_crcs = array("I", bytes(4 * _RUN))
+        self._backend = backend or default()
 
     @property
     def batch(self) -> Batch | None:
-        """The batch function for clean runs (None without the native module)."""
-        return self._batch if NATIVE else None
+        """The batch function for clean runs (None on the pure backend)."""
+        return self._batch if self._backend.is_native else None
 
     def _batch(
         self, mv: Any, pos: int, version: int, limit: int, origin: int, unknown: Any
     ) -> tuple[int, int, int, int, int]:
-        result = native_scan(mv, pos, version, limit, None, None, self._run_lens, 0, self._run_crcs, unknown)
+        result = self._backend.scan(mv, pos, version, limit, None, None, self._run_lens, 0, self._run_crcs, unknown)
         count = result[3]
         if count:
             self._run(mv, pos, origin + pos, self._run_lens[:count], self._run_crcs[:count], result[4], True)
@@ -247,16 +249,18 @@ def repair(
     keep_last: bool = False,
     max_command_size: int | None = None,
     warn: Warn | None = None,
+    backend: Backend | None = None,
 ) -> Healer:
     """Write the clean stream of ``source`` (a restarted ``btrfs send``) to the file ``target``
     (``-``: standard output), which appears only when the whole input was repaired.
 
     With ``keep_last`` only what follows the last restart is kept (``target`` must be
     seekable). The input's problems go to ``warn``, its restarts are in the healer returned.
+    ``backend`` reads and checks (the default one without it).
     """
     skip = (e.StreamRestarted,)  # told in the healer's restarts
     with (
-        FramedInput(source, max_command_size=max_command_size, warn=warn, skip=skip) as stream,
+        FramedInput(source, max_command_size=max_command_size, warn=warn, skip=skip, backend=backend) as stream,
         atomic_output(target) as out,
     ):
         if keep_last and not out.seekable():
@@ -267,7 +271,9 @@ def repair(
             out.seek(offset)
             out.truncate(offset)
 
-        healer = Healer(out.write, keep_last=keep_last, truncate=truncate if keep_last else None)
+        healer = Healer(
+            out.write, keep_last=keep_last, truncate=truncate if keep_last else None, backend=stream.framer.backend
+        )
         for event in stream.events(healer.batch, flush_before_read=out):
             healer.event(event)
     return healer

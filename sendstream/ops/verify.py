@@ -3,7 +3,8 @@
 Input comes in windows (:mod:`sendstream.io.windows`: mapped page cache for a
 regular file, a reused page-aligned buffer for a pipe) and every complete
 command in a window is framed and checked in one call of the native scanner
-(:func:`sendstream.native.native_scan`, driven by :func:`sendstream.scan.run_batch`).
+(:meth:`Backend.scan <sendstream.codec.backend.Backend.scan>`, driven by
+:func:`sendstream.codec.scan.run_batch`) on the native backend.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from .. import errors as e
+from ..codec.backend import Backend
 from ..codec.events import StreamHeader
 from ..codec.framer import Framer
-from ..codec.native import NATIVE, native_scan
+from ..codec.scan import Batch
 from ..format.command import Command, subvolume_of
 from ..format.layout import STREAM_HEADER_SIZE, STREAM_MAGIC
 from ..io.framed import StreamSource, opened
@@ -70,23 +72,39 @@ class Report:
         )
 
 
-def _scan(
-    mv: memoryview, pos: int, version: int, limit: int, origin: int, unknown: Any
-) -> tuple[int, int, int, int, int]:
-    return native_scan(mv, pos, version, limit, unknown=unknown)
+def _batch(backend: Backend) -> Batch | None:
+    """The backend's scanner as a batch function (None on the pure backend)."""
+    if not backend.is_native:
+        return None
+
+    def scan(
+        mv: memoryview, pos: int, version: int, limit: int, origin: int, unknown: Any
+    ) -> tuple[int, int, int, int, int]:
+        return backend.scan(mv, pos, version, limit, unknown=unknown)
+
+    return scan
 
 
-def verify_file(source: BinaryIO, *, keep_going: bool = False, max_command_size: int | None = None) -> Report:
+def verify_file(
+    source: BinaryIO,
+    *,
+    keep_going: bool = False,
+    max_command_size: int | None = None,
+    backend: Backend | None = None,
+) -> Report:
     """Verify a whole input: framing, every CRC, commands and attributes
     known for the version, required attributes and their sizes, END, and
-    no trailing bytes. Memory stays at one window whatever the input size.
+    no trailing bytes, on ``backend`` (the default one without it). Memory
+    stays at one window whatever the input size.
     """
-    framer = Framer(strict=True, check_names=True, keep_going=keep_going, max_command_size=max_command_size)
+    framer = Framer(
+        strict=True, check_names=True, keep_going=keep_going, max_command_size=max_command_size, backend=backend
+    )
     started = time.perf_counter()
     subvolumes: list[str] = []
     first = False  # the next event is a stream's first command
     try:
-        for event in file_events(source, framer, _scan if NATIVE else None, firsts=True):
+        for event in file_events(source, framer, _batch(framer.backend), firsts=True):
             if first and event.__class__ is Command and len(subvolumes) < MAX_LISTED:
                 said = subvolume_of(event)
                 if said is not None:
@@ -100,10 +118,16 @@ def verify_file(source: BinaryIO, *, keep_going: bool = False, max_command_size:
     return Report(framer.streams, framer.commands, framer.bytes, seconds, framer.problems, framer.warnings, subvolumes)
 
 
-def verify(source: StreamSource, *, keep_going: bool = False, max_command_size: int | None = None) -> Report:
+def verify(
+    source: StreamSource,
+    *,
+    keep_going: bool = False,
+    max_command_size: int | None = None,
+    backend: Backend | None = None,
+) -> Report:
     """Verify the stream at ``source`` (a path, ``-``, or a binary file); see :func:`verify_file`."""
     with opened(source) as f:
-        return verify_file(f, keep_going=keep_going, max_command_size=max_command_size)
+        return verify_file(f, keep_going=keep_going, max_command_size=max_command_size, backend=backend)
 
 
 def find_headers(source: StreamSource) -> Iterator[tuple[int, int]]:

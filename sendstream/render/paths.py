@@ -9,6 +9,7 @@ from typing import Any, BinaryIO
 from ..analysis.paths import MAX_HELD, MAX_NAMES
 from ..analysis.resolve import CommandPaths, resolve
 from ..analysis.statistics import Statistics
+from ..codec.backend import Backend
 from ..io.framed import FramedInput, StreamSource, Warn
 from .dump import escape, json_bytes
 
@@ -80,12 +81,14 @@ def write_paths(
     max_held: int = MAX_HELD,
     max_command_size: int | None = None,
     warn: Warn | None = None,
+    backend: Backend | None = None,
 ) -> None:
     """Write every command of the stream at ``source`` with its final paths to ``out``
     (:func:`record_line`, or a JSON line each); the limits are
-    :func:`~sendstream.analysis.resolve.resolve`'s, problems go to ``warn``."""
+    :func:`~sendstream.analysis.resolve.resolve`'s, problems go to ``warn``; ``backend`` reads
+    and checks (the default one without it)."""
     line = record_json_line if as_json else record_line
-    with FramedInput(source, max_command_size=max_command_size, warn=warn) as stream:
+    with FramedInput(source, max_command_size=max_command_size, warn=warn, backend=backend) as stream:
         try:
             for record in resolve(stream.events(flush_before_read=out), max_names=max_names, max_held=max_held):
                 out.write(line(record))
@@ -94,11 +97,17 @@ def write_paths(
 
 
 def write_stats(
-    source: StreamSource, out: BinaryIO, *, max_command_size: int | None = None, warn: Warn | None = None
+    source: StreamSource,
+    out: BinaryIO,
+    *,
+    max_command_size: int | None = None,
+    warn: Warn | None = None,
+    backend: Backend | None = None,
 ) -> None:
-    """Write the :func:`statistics_lines` of the stream at ``source`` to ``out``, then tell its problems to ``warn``."""
+    """Write the :func:`statistics_lines` of the stream at ``source`` to ``out``, then tell its problems to
+    ``warn``; ``backend`` reads and checks (the default one without it)."""
     statistics = Statistics()
-    with FramedInput(source, max_command_size=max_command_size, warn=warn) as stream:
+    with FramedInput(source, max_command_size=max_command_size, warn=warn, backend=backend) as stream:
         for event in stream.events():
             statistics.feed(event)
         out.write(("\n".join(statistics_lines(statistics)) + "\n").encode())

@@ -41,14 +41,17 @@ import re
 import subprocess
 import tomllib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..archive.store import Location
+from ..archive.store import BucketClient, Location, connect
 from ..errors import KeyFileError, UsageError
-from ..net.address import Address
-from ..net.progress import parse_size
-from ..net.tls import MODES
-from ..net.tls.keys import load_key
+from ..transfer.progress import parse_size
+from ..transport.address import Address
+from ..transport.tls import MODES
+from ..transport.tls.keys import load_key
+
+if TYPE_CHECKING:
+    from ..stores.store import Store
 
 IDENTITY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _INTEGERS = {"max_transfers": (1, 4096, 16), "max_per_client": (1, 4096, 2)}
@@ -89,6 +92,17 @@ class Client:
     def archive(self) -> bool:
         """Whether its place is a bucket."""
         return self.place.startswith("s3://")
+
+    def store(self, bucket: Callable[[], BucketClient] = connect) -> Store:
+        """The store of its place: a bucket (reached through ``bucket()``), a ``btrfs receive`` place or a
+        file place."""
+        from ..stores.bucket import Bucket
+        from ..stores.files import FilePlace
+        from ..stores.received import ReceivePlace
+
+        if self.archive:
+            return Bucket(self.place, bucket)
+        return ReceivePlace(self.place) if self.receive else FilePlace(self.place)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,7 +196,7 @@ def load(
             raise ConfigError(lines.at(None, key), f"unknown setting {_shown(key)}; expected one of {known}")
     listen = _text(data, "listen", lines, None)
     try:
-        address = Address.parse(listen, listen=True)
+        address = Address.parse(listen, listen=True, any_port=True)  # the log's "listening" says which port
     except UsageError as exc:
         raise ConfigError(lines.at(None, "listen"), f"listen: {exc}") from None
     tls = data.get("tls", "tls13-aes128-gcm")

@@ -2,7 +2,7 @@
 client's quota, which counts them with its stored streams.
 
 A session's stream is journaled in its client's place as ``.NAME.incoming.part``, its signed checkpoint in
-``.NAME.incoming.part.resume`` (:class:`~sendstream.net.journal.Journal`), NAME the stream's name. A sender
+``.NAME.incoming.part.resume`` (:class:`~sendstream.transfer.journal.Journal`), NAME the stream's name. A sender
 that never comes back leaves them: they go after ``journal_days`` (serve.toml) without a write, or when an
 admin removes them (``sendstream serve --config F --remove-journal CLIENT/NAME``).
 """
@@ -16,22 +16,19 @@ import re
 import stat
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .. import errors as e
 from ..io.outputs import is_temporary
-from ..net.journal import PART_SUFFIX, load_state, state_path
-from ..ops.ledger import Checkpoint
-from ..ops.stored import stream_name
+from ..transfer.journal import PART_SUFFIX, load_state, state_path
+from ..transfer.ledger import Checkpoint
 from .claims import Claims
 from .config import Client
 
+if TYPE_CHECKING:
+    from ..transfer.identity import Identity
+
 _JOURNAL = re.compile(r"\.(.+)\.incoming\.part(\.resume)?")
-
-
-def incoming_name(identity: dict[str, Any]) -> str:
-    """The hidden name a session's stream is journaled under in its client's place, until it is whole."""
-    return f".{stream_name(identity)}.incoming"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +98,7 @@ def named(client: Client, name: str) -> Unfinished:
 
 
 def kept(
-    journal: str, key: bytes, identity: dict[str, Any], discarded: Callable[[str], object] = lambda why: None
+    journal: str, key: bytes, identity: Identity, discarded: Callable[[str], object] = lambda why: None
 ) -> Checkpoint | None:
     """The durable checkpoint of an earlier run of the transfer of stream ``identity`` to ``journal``; None
     when there is none. What another stream of that name left is removed, and so is a journal that cannot

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from ..errors import UsageError, escaped
-from ..net.address import Address, cannot_listen
+from ..transport.address import Address, cannot_listen
 
 _SUFFIX = re.compile(r"[._-]?\d{4,}(?:[T_-]?\d+)*(?:_\d+)?$")
 

@@ -7,11 +7,11 @@ import select
 import socket
 
 from .. import errors as e
-from ..net.listener import describe_peer
-from ..net.session.connection import drain, tell
-from ..net.session.receiver import Opening
-from ..net.tls import Channel, PlainChannel
-from ..net.tls.kernel import opens_handshake
+from ..session.connection import drain, tell
+from ..session.receiver import Opening
+from ..transport.listener import describe_peer
+from ..transport.tls import Channel, PlainChannel
+from ..transport.tls.kernel import opens_handshake
 from .config import Client, Config
 
 
@@ -24,7 +24,8 @@ def why_revoked(client: Client, opening: Opening, config: Config) -> str:
     if now.key != client.key:
         return f"the key of client {client.identity} changed"
     host = opening.peer.rsplit(":", 1)[0].strip("[]")
-    trusting = config.trusting(host) if isinstance(opening.channel, PlainChannel) else now
+    unencrypted = opening.channel.rx_path == "plain"  # under its layers, if any (zstd)
+    trusting = config.trusting(host) if unencrypted else now
     if trusting is None or trusting.identity != client.identity:
         return f"{host} is no longer among the trusted addresses of client {client.identity}"
     return ""

@@ -1,12 +1,12 @@
 """``sendstream serve``: one process takes streams from many clients at once, each into its own place.
 
-Connections are opened concurrently (:class:`~sendstream.net.listener.Listener`):
+Connections are opened concurrently (:class:`~sendstream.transport.listener.Listener`):
 a wrong key, garbage or silence ends that connection with a logged reason.
 Each opened connection runs in a thread of its own: the client is the PSK
 identity the handshake proved, its place the one the configuration gives it.
 Every command is checked (and a restarted stream healed) before it is
 written; the stream goes to a hidden file in the client's place, and only a
-whole, checked stream is renamed to its name (:mod:`sendstream.ops.stored`),
+whole, checked stream is renamed to its name (:mod:`sendstream.transfer.stored`),
 with its manifest beside it. A failure of one transfer is answered to its
 sender and logged; the service goes on.
 """
@@ -23,26 +23,25 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import errors as e
-from ..archive.store import connect
+from ..archive.store import BucketClient, connect
 from ..io.threads import started
-from ..net.address import listen
-from ..net.journal import PART_SUFFIX
-from ..net.listener import MAX_PENDING, MAX_PER_SOURCE, Listener
-from ..net.session.connection import busy_answer, failure_status, tell
-from ..net.session.protocol import listed_line, status_line
-from ..net.session.receiver import Opening, SessionReceiver, open_connection
-from ..net.tls import Channel, accept_channel
-from ..net.tls.keys import fingerprint
-from ..ops.stored import stream_name
+from ..session.connection import busy_answer, failure_status, tell
+from ..session.protocol import Listed, Status
+from ..session.receiver import Opening, SessionReceiver, open_connection
+from ..stores.store import Sender
+from ..transfer.journal import PART_SUFFIX
+from ..transfer.stored import stream_name
+from ..transport.address import listen
+from ..transport.compression import Decompressing
+from ..transport.listener import MAX_PENDING, MAX_PER_SOURCE, Listener
+from ..transport.tls import Channel, accept_channel
+from ..transport.tls.keys import fingerprint
 from .claims import Claims
 from .config import Client, Config, ConfigError, load
-from .held import held
-from .journals import Quota, incoming_name, kept, remove, remove_temporaries, sweep_journals
+from .journals import Quota, kept, remove, remove_temporaries, sweep_journals
 from .log import EventLog
 from .metrics import Metrics, NoMetrics
 from .openings import speaks_tls, unencrypted, why_revoked
-from .receiving import receive_into
-from .storing import archive_into, store
 
 DRAIN_SECONDS = 30.0  # after SIGTERM, how long running transfers may take to end before they are cut
 SWEEP_SECONDS = 3600.0  # how often the places are searched for expired journals (and once at start)
@@ -79,7 +78,7 @@ class Service:
         self._lock = threading.Lock()
         self._active: dict[str, set[_Slot]] = {}  # by client: what runs, each registered as it is admitted
         self._threads: dict[threading.Thread, _Slot] = {}  # every transfer's thread, until it ends
-        self._s3: Any = None
+        self._s3: BucketClient | None = None
         self._claims = Claims()  # what running transfers make: subvolume UUIDs, subvolumes, journals
         self._listener: Listener[tuple[Opening, Client]] | None = None
 
@@ -241,12 +240,13 @@ class Service:
                 self._active.pop(slot.client.identity, None)  # a removed client's last
 
     def _list(self, slot: _Slot) -> None:
-        """Answer a client's :class:`~sendstream.net.session.protocol.ListRequest`: its snapshots, its own only."""
+        """Answer a client's :class:`~sendstream.session.protocol.ListRequest`: its snapshots, its own only."""
         opening, client = slot.opening, slot.client
         try:
-            snapshots = held(client, self._s3)
-            answer = b"".join(listed_line(s) for s in snapshots)
-            opening.channel.send_all(answer + status_line(0, f"{len(snapshots)} snapshots"))
+            snapshots = client.store(self._bucket).held()
+            machine = opening.inbox.machine
+            answer = b"".join(machine.send(Listed(s)) for s in snapshots)
+            opening.channel.send_all(answer + machine.send(Status(0, f"{len(snapshots)} snapshots")))
             self.log("listed", client=client.identity, peer=opening.peer, snapshots=len(snapshots))
         except Exception as exc:
             self.log("failed", client=client.identity, peer=opening.peer, reason=slot.cut or f"listing: {exc}")
@@ -275,8 +275,8 @@ class Service:
 
         try:
             checkpoint = None
-            if opening.identity is not None and not client.archive:  # (a bucket keeps no journal)
-                journal = os.path.join(client.place, incoming_name(opening.identity))
+            store = client.store(self._bucket)
+            if opening.identity is not None and (journal := store.journal(opening.identity)) is not None:
                 claims.path(journal)
                 stream = stream_name(opening.identity)
                 checkpoint = kept(
@@ -296,22 +296,20 @@ class Service:
                 ledger=(checkpoint.commands, checkpoint.ledger) if checkpoint else None,
             )
             resumed = {"resumed": checkpoint.offset} if checkpoint else {}
-            self.log("transfer", **fields, compressed=opening.channel.compressed, **resumed)
-            if client.archive:
-                name, size, names = archive_into(session, client, opening.peer, self._bucket())
-            elif client.receive:
-                child = {"say": lambda line: self.log("btrfs-receive", **fields, line=line)}
-                name, size, names = receive_into(session, client, claims.subvolume, checkpoint, charge, **child)
-            else:
-                name, size, names, already = store(session, client, opening.peer, checkpoint, charge)
+            self.log("transfer", **fields, compressed=isinstance(opening.channel, Decompressing), **resumed)
+            sender = Sender(
+                client.identity, client.key, opening.peer, checkpoint, charge, claims.subvolume,
+                lambda line: self.log("btrfs-receive", **fields, line=line),
+            )  # fmt: skip
+            taken = store.take(session, sender)
+            name, size, names, already = taken.name, taken.size, taken.snapshots, taken.already
             release()
             session.answer(0, f"already stored: {name} holds these same bytes" if already else "ok")
             result = "ok"
-            done = {"subvolumes": name} if client.receive else {"stream": name}
             self.log(
-                "received" if client.receive else "stored",
+                store.taken,
                 **fields,
-                **done,
+                **{store.named_as: name},
                 **({"already": True} if already else {}),
                 bytes=size,
                 **resumed,
@@ -336,7 +334,7 @@ class Service:
             if session is not None:
                 session.close()
 
-    def _bucket(self) -> Any:
+    def _bucket(self) -> BucketClient:
         """The store's client: one for every transfer into a bucket (it is safe across threads)."""
         with self._lock:
             if self._s3 is None:

@@ -133,7 +133,7 @@ class _Handler(BaseHTTPRequestHandler):
 @contextlib.contextmanager
 def lying_store() -> Iterator[LyingStore]:
     """A :class:`LyingStore` on loopback, for as long as the block runs."""
-    handler = type("Handler", (_Handler,), {})
+    handler: type[_Handler] = type("Handler", (_Handler,), {})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     store = LyingStore(f"http://127.0.0.1:{server.server_address[1]}")

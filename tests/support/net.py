@@ -24,6 +24,19 @@ def receiver(*args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([*CMD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+def announced(proc: subprocess.Popen[bytes]) -> tuple[int, bytes]:
+    """The port that ``proc``, listening on port 0, says it got (``sendstream: listening on HOST:PORT`` on
+    its stderr, a pipe), and what it wrote to stderr up to that line, the line included (read from the pipe
+    now, so no longer in what ``communicate`` returns)."""
+    assert proc.stderr is not None
+    said = b""
+    for line in proc.stderr:
+        said += line
+        if line.startswith(b"sendstream: listening on "):
+            return int(line.rsplit(b":", 1)[1]), said
+    raise AssertionError(f"the listener ended ({proc.wait()}) without saying where it listens: {said!r}")
+
+
 def sender(*args: str, data: bytes = b"") -> subprocess.CompletedProcess[bytes]:
     """Run `sendstream send`, again while the receiver is not listening yet."""
     deadline = time.monotonic() + 10
@@ -62,15 +75,14 @@ def tls_args(mode: str, key: Path) -> list[str]:
 def transfer(
     mode: str, key: Path, out: Path, data: bytes, *extra: str
 ) -> tuple[subprocess.CompletedProcess[bytes], tuple[int, bytes]]:
-    port = free_port()
-    recv = receiver("receive", "--listen", f"127.0.0.1:{port}", "-o", str(out), *tls_args(mode, key))
+    recv = receiver("receive", "--listen", "127.0.0.1:0", "-o", str(out), *tls_args(mode, key))
     try:
-        wait_listening(port)  # a sender that fails before it connects tells only a receiver that listens
+        port, said = announced(recv)  # a sender that fails before it connects tells only a receiver that listens
         sent = sender("--to", f"127.0.0.1:{port}", "-", *tls_args(mode, key), *extra, data=data)
         _, err = recv.communicate(timeout=60)
     finally:
         recv.kill()
-    return sent, (recv.returncode, err)
+    return sent, (recv.returncode, said + err)
 
 
 def raw_sender(port: int, payload: bytes, *, host: str = "127.0.0.1", reset: bool = False) -> None:

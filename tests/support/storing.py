@@ -27,7 +27,7 @@ from sendstream.service.config import load
 from sendstream.service.log import EventLog
 from sendstream.service.server import Service
 
-from .net import CMD, free_port, key_file, wait_listening
+from .net import CMD, key_file
 
 
 class Tally:
@@ -89,27 +89,42 @@ def writing_through(kind: type[io.FileIO]) -> Iterator[type[Tally]]:
 
 
 class Log(io.StringIO):
-    """The service's event log (JSON lines)."""
+    """The service's event log (JSON lines), written by the service's threads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._written = threading.Condition()
+
+    def write(self, text: str) -> int:
+        with self._written:
+            n = super().write(text)
+            self._written.notify_all()
+            return n
 
     def events(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.getvalue().splitlines()]
+        with self._written:
+            return [json.loads(line) for line in self.getvalue().splitlines()]
+
+    def first(self, event: str, timeout: float = 60) -> dict[str, Any]:
+        """The first ``event`` logged, once it is (woken by each write, not polled)."""
+        with self._written:
+            found = self._written.wait_for(lambda: [e for e in self.events() if e["event"] == event], timeout)
+        assert found, f"no {event!r} event after {timeout} s: {self.getvalue()}"
+        return found[0]
 
 
 @contextlib.contextmanager
 def serving(tmp_path: Path, extra: str = "") -> Iterator[tuple[int, Log]]:
     """``sendstream serve`` in this process, in a thread, for the client ``alpha`` (its key ``alpha.key``),
-    storing into ``places/alpha`` (``extra``: more settings of the service): its port and its event log."""
-    port = free_port()
+    storing into ``places/alpha`` (``extra``: more settings of the service): its port (port 0 in the
+    configuration: the one its "listening" event says it got) and its event log."""
     key_file(tmp_path / "alpha.key")
     (tmp_path / "places" / "alpha").mkdir(parents=True)
     config = tmp_path / "serve.toml"
-    config.write_text(
-        f'listen = "127.0.0.1:{port}"\n{extra}\n[clients.alpha]\nkey = "alpha.key"\nstore = "places/alpha"\n'
-    )
+    config.write_text(f'listen = "127.0.0.1:0"\n{extra}\n[clients.alpha]\nkey = "alpha.key"\nstore = "places/alpha"\n')
     log = Log()
     with running(Service(load(str(config)), EventLog(log, "json"))):
-        wait_listening(port)
-        yield port, log
+        yield int(log.first("listening")["address"].rsplit(":", 1)[1]), log
 
 
 @contextlib.contextmanager

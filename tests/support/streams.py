@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import random
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sendstream import Command, Decoder, EndOfInput, NeedData, StreamHeader, encode_command, encode_stream_header
+from sendstream.codec.backend import Backend
 from sendstream.codec.events import Restart
+from sendstream.transfer.identity import Identity
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -18,6 +21,29 @@ STREAMS = sorted(FIXTURES.glob("*.stream"))
 BTRFS_READABLE = [p for p in STREAMS if p.read_bytes()[13] < 3]
 # The rich full stream: what the transport tests send.
 SAMPLE = FIXTURES / "rich-full-v2.stream"
+
+_LAST_TM = 67_768_036_191_676_799  # 2147485547-12-31T23:59:59Z: year INT_MAX + 1900, the end of struct tm
+_FIRST_TM = -67_768_040_609_740_800  # -2147481748-01-01T00:00:00Z: year INT_MIN + 1900
+_DATETIME = (-62_135_596_800, 253_402_300_799)  # 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z: Python's datetime
+# Seconds of a timespec at and around the limits of time_t, struct tm, 32-bit times and Python's
+# datetime, as signed 64-bit values (the dump prints them; the fuzz harness mutates times to them).
+EDGE_TIMES = tuple(
+    sorted(
+        {
+            *(t + d for t in (_LAST_TM, _FIRST_TM, *_DATETIME) for d in (-1, 0, 1)),
+            *(t + d for t in (1 << 31, 1 << 32) for d in (-1, 0)),
+            -(1 << 31),
+            -(1 << 31) - 1,
+            -1,
+            0,
+            1,
+            (1 << 63) - 1,
+            -(1 << 63),
+            -(1 << 63) + 1,
+            1 << 62,
+        }
+    )
+)
 
 
 def stream_ids(p: Path) -> str:
@@ -58,7 +84,7 @@ def decode(data: bytes, chunks: Iterable[int] | None = None, **kwargs: Any) -> l
             return out
 
 
-def random_chunks(seed: int, high: int = 70000) -> Iterable[int]:
+def random_chunks(seed: int, high: int = 70000) -> Iterator[int]:
     rng = random.Random(seed)
     while True:
         yield rng.choice((1, 2, 9, 10, 11, 17, rng.randrange(1, 300), rng.randrange(1, high)))
@@ -83,3 +109,18 @@ END = bytes.fromhex("000000001500506cc99d")
 def crafted(version: int, *commands: bytes) -> bytes:
     """A stream with the given encoded commands between a header and END."""
     return encode_stream_header(version) + b"".join(commands) + END
+
+
+def backend_env(backend: Backend, env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (this process's without it) for a command that decodes on ``backend``."""
+    env = dict(os.environ if env is None else env)
+    env.pop("SENDSTREAM_PURE", None)
+    if not backend.is_native:
+        env["SENDSTREAM_PURE"] = "1"
+    return env
+
+
+def partial_identity(**fields: object) -> Identity:
+    """An identity with only ``fields``: what a test of journals and tokens needs (a forged token's, or a
+    placeholder); a stream's own has them all (:func:`~sendstream.transfer.identity.stream_identity`)."""
+    return cast(Identity, fields)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from sendstream.net import tls
-from sendstream.net.tls.kernel import TCP_ULP
+from sendstream.transport import tls
+from sendstream.transport.tls.kernel import TCP_ULP
 from support.net import free_port, wait_listening
 from support.streams import SAMPLE
 

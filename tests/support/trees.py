@@ -119,17 +119,33 @@ def without_link_atimes(state: tuple[dict[bytes, dict[str, Any]], list[list[byte
     return {k: {a: v for a, v in e.items() if not ("target" in e and a == "atime")} for k, e in entries.items()}, links
 
 
-def differences(theirs: Path, ours: Path) -> list[str]:
-    """What differs between two trees, one line per attribute (empty when equal)."""
+def compare(theirs: Path, ours: Path) -> list[tuple[bytes | None, str, Any, Any]]:
+    """What differs between two trees: (entry, attribute, theirs, ours) each, in order; the attribute
+    ``only`` for an entry on one side (a present side True), the entry None for the hard links."""
     (a, links_a), (b, links_b) = tree_state(theirs), tree_state(ours)
-    out = []
+    out: list[tuple[bytes | None, str, Any, Any]] = []
     for rel in sorted(a.keys() | b.keys()):
         if rel not in b or rel not in a:
-            out.append(f"{rel!r}: only in {'btrfs receive' if rel in a else 'ours'}")
+            out.append((rel, "only", rel in a, rel in b))
             continue
         for key in sorted(a[rel].keys() | b[rel].keys()):
             if a[rel].get(key) != b[rel].get(key):
-                out.append(f"{rel!r} {key}: btrfs receive {a[rel].get(key)!r}, ours {b[rel].get(key)!r}")
+                out.append((rel, key, a[rel].get(key), b[rel].get(key)))
     if links_a != links_b:
-        out.append(f"hard links: btrfs receive {links_a!r}, ours {links_b!r}")
+        out.append((None, "hard links", links_a, links_b))
     return out
+
+
+def describe(diff: tuple[bytes | None, str, Any, Any], names: tuple[str, str] = ("btrfs receive", "ours")) -> str:
+    """One line of :func:`compare`, the two sides named."""
+    rel, key, x, y = diff
+    if rel is None:
+        return f"{key}: {names[0]} {x!r}, {names[1]} {y!r}"
+    if key == "only":
+        return f"{rel!r}: only in {names[0] if x else names[1]}"
+    return f"{rel!r} {key}: {names[0]} {x!r}, {names[1]} {y!r}"
+
+
+def differences(theirs: Path, ours: Path) -> list[str]:
+    """What differs between two trees, one line per attribute (empty when equal)."""
+    return [describe(d) for d in compare(theirs, ours)]

@@ -1,0 +1,213 @@
+"""One Store interface: a client's place says its kind, a file place says what it holds from its manifests,
+and a bucket archives, checks and hands on streams (through a client of this test's own) where the others say
+they cannot.
+
+Taking a stream into each kind is tested end to end through ``sendstream serve`` (tests/system/test_serve.py,
+and tests/system/test_archive.py for a bucket, with SeaweedFS); here is what needs no service.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from botocore.exceptions import ClientError
+from support.streams import FIXTURES
+
+from sendstream import errors as e
+from sendstream.archive.store import BucketClient
+from sendstream.service.config import Client
+from sendstream.session.protocol import PREFIX_SIZE
+from sendstream.stores import at
+from sendstream.stores.bucket import Bucket
+from sendstream.stores.files import FilePlace
+from sendstream.stores.received import ReceivePlace
+from sendstream.stores.store import Store, Unsupported, incoming_name
+from sendstream.transfer.identity import Identity, stream_identity
+from sendstream.transfer.stored import manifest, stream_name
+
+FULL = FIXTURES / "rich-full-v2.stream"
+INCR = FIXTURES / "rich-incr-v2.stream"
+
+
+def _identity(path: Path) -> Identity:
+    return stream_identity(path.read_bytes()[:PREFIX_SIZE])
+
+
+@pytest.mark.parametrize(
+    ("place", "receive", "kind", "journaled"),
+    [("/srv/alpha", False, FilePlace, True), ("/srv/alpha", True, ReceivePlace, True),
+     ("s3://backups/alpha", False, Bucket, False)],
+)  # fmt: skip
+def test_a_client_s_place_says_the_kind_of_its_store(place: str, receive: bool, kind: type, journaled: bool) -> None:
+    store = Client("alpha", b"k" * 32, place, receive=receive).store(lambda: pytest.fail("no bucket is reached"))
+    assert type(store) is kind and store.place == place
+    identity = _identity(FULL)
+    expected = f"{place}/{incoming_name(identity)}" if journaled else None
+    assert store.journal(identity) == expected
+    assert (store.taken, store.named_as) == (("received", "subvolumes") if receive else ("stored", "stream"))
+
+
+def test_a_file_place_holds_what_its_manifests_say_by_name(tmp_path: Path) -> None:
+    """Each ``NAME.stream.json`` beside its stream is a snapshot held; a hidden manifest (being written), one
+    that is not JSON, and one of another shape are not."""
+    for path in (INCR, FULL):
+        size = path.stat().st_size
+        note = manifest(_identity(path), size=size, sha256="0" * 64, commands=1, ledger="0", client="a", peer="p")
+        (tmp_path / (stream_name(_identity(path)) + ".json")).write_bytes(note)
+    (tmp_path / ".hidden.stream.json").write_bytes(note)
+    (tmp_path / "torn.stream.json").write_bytes(note[:20])
+    (tmp_path / "other.stream.json").write_bytes(b"[1, 2]")
+
+    held = FilePlace(str(tmp_path)).held()
+
+    full, incr = _identity(FULL), _identity(INCR)
+    assert [s["name"] for s in held] == sorted(stream_name(i) for i in (full, incr))
+    for snapshot in held:
+        path, identity = (FULL, full) if snapshot["name"] == stream_name(full) else (INCR, incr)
+        assert set(snapshot) == {"name", "uuid", "ctransid", "parent_uuid", "parent_ctransid", "size", "stored"}
+        assert (snapshot["uuid"], snapshot["ctransid"]) == (identity["uuid"], identity["ctransid"])
+        assert (snapshot["parent_uuid"], snapshot["parent_ctransid"]) == (
+            identity["parent_uuid"], identity["parent_ctransid"]
+        )  # fmt: skip
+        assert snapshot["size"] == path.stat().st_size
+    assert incr["parent_uuid"] == full["uuid"]  # what a script picks the parent of its next incremental by
+
+
+class _Objects:
+    """An S3 client of this test's own: objects in a dict, and only the calls a bucket store makes to
+    archive, list and read them. It keeps what it is given; a test may change an object behind the
+    store's back (a store that lies)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+        self._uploads: dict[str, dict[int, bytes]] = {}
+
+    def _held(self, key: str, operation: str) -> bytes:
+        if key not in self.objects:
+            raise ClientError({"Error": {"Code": "NoSuchKey"}, "ResponseMetadata": {"HTTPStatusCode": 404}}, operation)
+        return self.objects[key]
+
+    def get_object(self, *, Bucket: str, Key: str, Range: str | None = None) -> dict[str, Any]:
+        data = self._held(Key, "GetObject")
+        if Range is not None:
+            start, end = Range.removeprefix("bytes=").split("-")
+            data = data[int(start) : int(end) + 1]
+        return {"Body": io.BytesIO(data), "ContentLength": len(data)}
+
+    def head_object(self, *, Bucket: str, Key: str) -> dict[str, Any]:
+        return {"ContentLength": len(self._held(Key, "HeadObject"))}
+
+    def put_object(self, *, Bucket: str, Key: str, Body: bytes) -> dict[str, Any]:
+        self.objects[Key] = bytes(Body)
+        return {}
+
+    def create_multipart_upload(self, *, Bucket: str, Key: str) -> dict[str, Any]:
+        upload_id = f"{Key}#{len(self._uploads)}"
+        self._uploads[upload_id] = {}
+        return {"UploadId": upload_id}
+
+    def upload_part(self, *, UploadId: str, PartNumber: int, Body: bytes, **_: object) -> dict[str, Any]:
+        self._uploads[UploadId][PartNumber] = bytes(Body)
+        return {"ETag": f'"{PartNumber}"'}
+
+    def complete_multipart_upload(
+        self, *, Key: str, UploadId: str, MultipartUpload: dict[str, list[dict[str, Any]]], **_: object
+    ) -> dict[str, Any]:
+        parts = self._uploads.pop(UploadId)
+        self.objects[Key] = b"".join(parts[p["PartNumber"]] for p in MultipartUpload["Parts"])
+        return {}
+
+    def get_paginator(self, operation: str) -> _Objects:
+        assert operation == "list_objects_v2"
+        return self
+
+    def paginate(self, *, Bucket: str, Prefix: str, **_: str) -> Iterator[dict[str, Any]]:
+        keys = sorted(k for k in self.objects if k.startswith(Prefix) and "/" not in k[len(Prefix) :])
+        when = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
+        yield {"Contents": [{"Key": key, "LastModified": when} for key in keys]}
+
+
+def _bucket(objects: _Objects, place: str = "s3://backups/alpha") -> Bucket:
+    return Bucket(place, lambda: cast(BucketClient, objects))
+
+
+@pytest.mark.parametrize("sealed", [False, True])
+def test_a_bucket_archives_streams_and_hands_on_the_chain_that_makes_a_snapshot(sealed: bool) -> None:
+    objects, key = _Objects(), (bytes(range(32)) if sealed else None)
+    store = _bucket(objects)
+    done = [store.upload(str(path), encrypt_key=key) for path in (FULL, INCR)]
+
+    full, incr = _identity(FULL), _identity(INCR)
+    assert [x.url for x in done] == [f"s3://backups/alpha/{stream_name(i)}" for i in (full, incr)]
+    held = {s["uuid"]: s["parent_uuid"] for s in store.held()}
+    assert held == {full["uuid"]: None, incr["uuid"]: full["uuid"]}
+    chain = store.chain(str(incr["uuid"]), key)
+    assert [entry.name for entry in chain] == [stream_name(full), stream_name(incr)]  # the full stream first
+    handed = bytearray()
+    store.restore(chain, handed.extend, key)
+    assert bytes(handed) == FULL.read_bytes() + INCR.read_bytes()
+    if sealed:  # nothing of the stream is readable in the store
+        assert not any(FULL.read_bytes()[PREFIX_SIZE : PREFIX_SIZE + 64] in data for data in objects.objects.values())
+        with pytest.raises(e.SendStreamError, match="--encrypt-key"):
+            store.chain(str(incr["uuid"]))
+
+
+def test_a_bucket_that_lies_about_a_stream_is_found_out_before_its_end_goes_on() -> None:
+    objects = _Objects()
+    store = _bucket(objects)
+    store.upload(str(FULL))
+    name = f"alpha/{stream_name(_identity(FULL))}"
+    (held,) = (k for k in objects.objects if k.startswith(name) and not k.endswith(".json"))
+    data = bytearray(objects.objects[held])
+    data[-20] ^= 1  # in the last command: the stream's CRC says so, not a check of this test's
+    objects.objects[held] = bytes(data)
+    handed = bytearray()
+    with pytest.raises(e.RestoreStopped, match="crc32c mismatch"):
+        store.restore(store.chain(str(_identity(FULL)["uuid"])), handed.extend)
+    assert len(handed) < len(data) - 20  # nothing from the damaged command on, and not the END
+
+
+def test_holding_names_the_bucket_of_a_snapshot_and_the_snapshot() -> None:
+    store, snapshot = Bucket.holding("s3://backups/host1/home.20261201", "http://127.0.0.1:1")
+    assert (store.place, store.location.prefix, snapshot) == ("s3://backups/host1/", "host1/", "home.20261201")
+    assert store.endpoint_url == "http://127.0.0.1:1"
+    assert Bucket.holding("s3://backups/a//b")[0].location.prefix == "a//"  # the prefix as the URL says it
+    with pytest.raises(e.UsageError, match="names no snapshot"):
+        Bucket.holding("s3://backups")
+    with pytest.raises(e.UsageError, match="is not an s3://BUCKET/PREFIX address"):
+        Bucket.holding("/srv/alpha/home")
+
+
+def test_verify_names_a_manifest_it_cannot_take_and_refuses_a_key_of_the_wrong_size_first() -> None:
+    """(A stream itself is checked in a process of its own with its own connection: tests/system/test_archive.py.)"""
+    objects = _Objects()
+    objects.objects["alpha/torn.stream.json"] = b'{"stream": '
+    (verdict,) = _bucket(objects).verify(workers=1)
+    assert verdict.name == "torn.stream" and verdict.problem
+    never = Bucket("s3://backups/alpha", lambda: pytest.fail("no bucket is reached"))
+    with pytest.raises(e.UsageError, match="an encryption key is 32 bytes"):
+        never.verify(encrypt_key=b"short")
+
+
+@pytest.mark.parametrize("kind", [FilePlace, ReceivePlace])
+def test_a_place_that_is_not_a_bucket_says_what_it_cannot_do(kind: type[Store], tmp_path: Path) -> None:
+    store = kind(str(tmp_path))
+    for call in (
+        lambda: store.upload(str(FULL)),
+        lambda: store.verify(),
+        lambda: store.chain("home"),
+        lambda: store.restore([], lambda data: None),
+    ):
+        with pytest.raises(Unsupported, match=f"^{str(tmp_path)!r}: a {store.kind} cannot .*; a bucket .* can$"):
+            call()
+
+
+def test_the_store_a_command_reaches_itself_is_a_bucket_and_nothing_else() -> None:
+    store = at("s3://backups/alpha", "http://127.0.0.1:1")  # made, not reached
+    assert isinstance(store, Bucket) and store.endpoint_url == "http://127.0.0.1:1"
+    assert [at(place) for place in (str(FULL), "-", "backup.example:7000", "/srv/alpha")] == [None] * 4
