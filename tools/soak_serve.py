@@ -371,7 +371,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         def client_transfers(name: str) -> None:
             nonlocal done_count
             for transfer in (t for t in transfers if t.client == name):
-                for _ in range(6):
+                for _ in range(6 + args.service_kills):  # each kill of the service may fail one run
                     code, last, killed = send_once(transfer, port, tmp / "keys" / f"{name}.key")
                     transfer.attempts.append((code, last))
                     if code == 0:
@@ -462,7 +462,7 @@ def difference(path: Path, t: Transfer) -> str:
     """How the file at ``path`` differs from transfer ``t``'s stream, and what its sender and manifest said:
     what a failure of this kind needs to be understood after the soak's directory is gone."""
     manifest = path.with_name(path.name + ".json")
-    said = f"runs {t.attempts}, manifest {manifest.read_text()[:300]!r}" if manifest.exists() else "no manifest"
+    said = f"runs {t.attempts}, " + (f"manifest {manifest.read_text()[:300]!r}" if manifest.exists() else "no manifest")
     if not path.exists():
         return f"missing ({said}; the place holds {sorted(p.name for p in path.parent.iterdir())[:8]})"
     data = path.read_bytes()
