@@ -489,15 +489,17 @@ class NetworkError(SendStreamError, OSError):
     def __init__(self, operation: str, cause: OSError, hint: str = "") -> None:
         OSError.__init__(self, cause.errno, cause.strerror)
         self.operation = operation
-        self.reason = _reason(cause)
+        self.reason = reason(cause)
         self.hint = hint
 
     def __str__(self) -> str:
         return f"{self.operation}: {self.reason}{f' ({self.hint})' if self.hint else ''}"
 
 
-def _reason(cause: OSError) -> str:
-    """``cause`` as words: its strerror in lower case, without ``[Errno N]``."""
+def reason(cause: BaseException) -> str:
+    """``cause`` as words: an OSError's strerror in lower case, without ``[Errno N]``; another's own text."""
+    if not isinstance(cause, OSError) or isinstance(cause, SendStreamError):
+        return str(cause)
     text = cause.strerror or str(cause) or type(cause).__name__
     return text[:1].lower() + text[1:]
 

@@ -3,8 +3,10 @@ password, and the end of a command (its error line and exit code)."""
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
+import select
 import signal
 import sys
 import threading
@@ -97,6 +99,24 @@ class ReaderGone(Exception):
     """Standard output's reader went away (``| head``): not an error of ours."""
 
 
+class PipeBroken(Exception):
+    """A broken pipe that is not standard output's (a receiver, a child, a fifo that went away): an error."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(cause)
+        self.cause = cause
+
+
+def standard_output_gone() -> bool:
+    """Whether standard output is a pipe or socket whose reader went away (poll says POLLERR or POLLHUP)."""
+    poller = select.poll()
+    try:
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+    except (AttributeError, OSError, ValueError):
+        return False
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
 # Where each command reads and writes a stream, by parameter name: a stream
 # never comes from, or goes to, a terminal (as `btrfs send` and `zfs send` refuse).
 _STREAM_INPUTS = ("stream", "source")
@@ -161,11 +181,16 @@ class Group(click.Group):
         return super().get_command(ctx, cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
-        # click turns EPIPE into exit 1 on its own; every command of ours ends quietly with 0
+        # click turns EPIPE into exit 1 on its own; every command of ours ends quietly with 0 when standard
+        # output's reader went away, and fails on any other broken pipe (a receiver, a child, a fifo)
         try:
             return super().invoke(ctx)
-        except BrokenPipeError as exc:
-            raise ReaderGone() from exc
+        except OSError as exc:
+            if exc.errno != errno.EPIPE:  # (click ends any EPIPE with exit 1 and no word: ours too)
+                raise
+            if isinstance(exc, BrokenPipeError) and standard_output_gone():
+                raise ReaderGone() from exc
+            raise PipeBroken(exc) from exc
 
 
 def run_command(group: click.Group, argv: list[str] | None) -> int:
@@ -183,9 +208,18 @@ def run_command(group: click.Group, argv: list[str] | None) -> int:
         return e.EXIT_INTERRUPTED
     except SystemExit as exc:
         return int(exc.code or 0)
-    except (BrokenPipeError, ReaderGone):
+    except ReaderGone:
         _quiet_stdout()
         return 0
+    except PipeBroken as exc:
+        _report(exc.cause, show_traceback, sys.stderr)
+        return exc.cause.exit_code if isinstance(exc.cause, e.SendStreamError) else e.EXIT_IO
+    except BrokenPipeError as exc:  # (outside a command: click's own output)
+        if standard_output_gone():
+            _quiet_stdout()
+            return 0
+        _report(exc, show_traceback, sys.stderr)
+        return e.EXIT_IO
     except e.SendStreamError as exc:
         _report(exc, show_traceback, sys.stderr)
         return exc.exit_code

@@ -60,6 +60,7 @@ class PlainSender:
         self._expect = expect_status
         self.status: tuple[int, str] | None = None
         self._error: BaseException | None = None  # why no status came
+        self._ended = False  # the receiver's end came without a status
         self._sent = threading.Event()  # our direction is closed: from now on waiting for the status is bounded
         self._reader = started(self._read_status)
 
@@ -124,9 +125,9 @@ class PlainSender:
                 assert isinstance(event, Status)  # the machine's: a raw stream gets nothing else
                 self.status = event.code, event.message
         except EOFError:
-            pass  # closed without a word
+            self._ended = True  # closed without a word
         except Exception as exc:
-            self._error = exc.with_traceback(None)
+            self._error, self._ended = exc.with_traceback(None), True
         if self.status is not None and self.status[0]:
             self._channel.interrupt()
 
@@ -135,10 +136,21 @@ class PlainSender:
             raise e.RemoteError(f"the receiver failed: {self.status[1]}", self.status[0])
 
     def _failed(self, exc: Exception) -> None:
-        """A send failed: the receiver's status, when it sent one, says why better."""
+        """A send failed: the receiver's status, when it sent one, says why better; a socket's error names
+        the receiver (a broken pipe here is the receiver gone, never a reader of ours that left)."""
         self._reader.join(timeout=5.0)
         if self.status is not None and self.status[0]:
             raise e.RemoteError(f"the receiver failed: {self.status[1]}", self.status[0]) from exc
+        where = f"sending to {self._channel.peer}"
+        if isinstance(exc, (BrokenPipeError, ConnectionResetError)) or (self._ended and not self._reader.is_alive()):
+            # the receiver went away (its end, seen by the status reader first, or a broken pipe): said so,
+            # whatever our write then ran into (TLS: a session invalidated)
+            seen = e.reason(self._error or exc)
+            raise e.RemoteError(
+                f"{where}: the receiver went away before the whole stream was sent ({seen})", e.EXIT_IO
+            ) from exc
+        if isinstance(exc, OSError) and not isinstance(exc, e.SendStreamError):
+            raise e.NetworkError(where, exc) from exc
 
 
 def send_stream(source: BinaryIO, channel: Channel, progress: Progress, *, expect_status: bool = True) -> Summary:

@@ -160,11 +160,13 @@ class OutputDirectory:
 
 class OutputFile(io.FileIO):
     """A file written for ``path``: each write writes all it is given or fails; its errors
-    (ENOSPC, EIO) name ``path``; a reader that went away (``| head``) stays a BrokenPipeError."""
+    (ENOSPC, EIO, a fifo's reader gone) name ``path``. On standard output (``reader_may_leave``) a reader
+    that went away (``| head``) stays a BrokenPipeError, which ends a command quietly."""
 
-    def __init__(self, fd: int, path: str, *, closefd: bool = True) -> None:
+    def __init__(self, fd: int, path: str, *, closefd: bool = True, reader_may_leave: bool = False) -> None:
         super().__init__(fd, "wb", closefd=closefd)
         self.path = path
+        self._reader_may_leave = reader_may_leave
 
     def write(self, data: Any) -> int:
         """Write all of ``data``: a short write (a file-size limit, a disk that filled and was freed)
@@ -177,7 +179,9 @@ class OutputFile(io.FileIO):
                     raise e.OutputError(self.path, f"the system took none of the {len(view) - done} bytes left")
                 done += n
         except BrokenPipeError:
-            raise
+            if self._reader_may_leave:
+                raise
+            raise e.OutputError(self.path, "its reader went away (broken pipe)") from None
         except OSError as exc:
             raise e.OutputError(self.path, exc.strerror or str(exc)) from None
         return done
@@ -217,7 +221,9 @@ def atomic_output(path: str) -> Iterator[BinaryIO]:
     if path == "-":
         sys.stdout.flush()
         widen(sys.stdout.fileno())
-        with io.BufferedWriter(OutputFile(sys.stdout.fileno(), "standard output", closefd=False)) as stdout:
+        with io.BufferedWriter(
+            OutputFile(sys.stdout.fileno(), "standard output", closefd=False, reader_may_leave=True)
+        ) as stdout:
             yield stdout
         return
     try:

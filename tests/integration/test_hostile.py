@@ -351,6 +351,26 @@ def test_a_reader_that_goes_away_ends_every_command_quietly(args: list[str], tmp
     assert (proc.wait(), proc.stderr.read()) == (0, b"")
 
 
+@pytest.mark.parametrize("args", [["convert", "IN", "OUT"], ["repair", "IN", "OUT"]], ids=" ".join)
+def test_a_fifo_whose_reader_goes_away_is_an_error_named(args: list[str], tmp_path: Path) -> None:
+    """Only standard output's reader may leave quietly (``| head``): a named output that stops being read
+    fails, naming it, and so does any other broken pipe (a receiver's: tests/integration/test_hostile_peers.py)."""
+    big = tmp_path / "eight.stream"
+    big.write_bytes((FIXTURES / "rich-full-v1.stream").read_bytes() * 8)
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    argv = [str(big) if a == "IN" else str(fifo) if a == "OUT" else a for a in args]
+    proc = subprocess.Popen([*CMD, *argv], stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    with open(fifo, "rb") as reader:
+        reader.read(10)
+    assert proc.wait(60) == 4
+    assert (
+        proc.stderr.read()
+        == f"sendstream: error: cannot write {str(fifo)!r}: its reader went away (broken pipe)\n".encode()
+    )
+
+
 def test_a_full_standard_output_is_named() -> None:
     with open("/dev/full", "wb") as full:
         done = subprocess.run([*CMD, "convert", str(SAMPLE), "-"], stdout=full, stderr=subprocess.PIPE)

@@ -486,6 +486,41 @@ def test_no_status_is_no_success(mode: str, no_status: bool, key: Path) -> None:
         assert b"the receiver sent no status: the stream may not have been stored" in sent.stderr
 
 
+@pytest.mark.parametrize("mode", ["none", "tls13-aes128-gcm"])
+def test_a_receiver_that_goes_away_mid_stream_fails_the_sender_naming_it(mode: str, key: Path, tmp_path: Path) -> None:
+    """A receiver killed mid-stream (the soak's service kill): the sender's next write breaks the pipe (EPIPE)
+    or is reset, whichever its status reader did not take first. Either way the sender fails naming the
+    receiver; a broken pipe once ended it quietly with exit 0, as if standard output's reader had left."""
+    skip_unavailable(mode)
+    stream = tmp_path / "long.stream"
+    stream.write_bytes(DATA * 30)  # 8.4 MB: more than the sockets' buffers hold once the receiver is gone
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        sock, _ = server.accept()
+        sock.settimeout(20)
+        channel = tls.accept_channel(sock, mode, tls.load_key(key) if mode != "none" else None)
+        got, buf = 0, bytearray(65536)
+        while got < 1 << 20:
+            got += channel.recv_into(buf)
+        sock.close()  # with bytes unread: a reset, and every later write of the sender's a broken pipe
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    port = server.getsockname()[1]
+    with server:
+        sent = subprocess.run(
+            [*CMD, "send", "--to", f"127.0.0.1:{port}", str(stream), *tls_args(mode, key)],
+            capture_output=True,
+            timeout=60,
+        )
+        thread.join(30)
+    assert sent.returncode == 4, sent.stderr
+    said = f"sendstream: error: sending to 127.0.0.1:{port}: the receiver went away before the whole stream was sent ("
+    assert said.encode() in sent.stderr, sent.stderr
+    assert b"Traceback" not in sent.stderr
+
+
 # --- a receiver that fails answers, and the sender reports its reason ---------------------------------------------
 
 

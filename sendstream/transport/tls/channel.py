@@ -68,6 +68,7 @@ class Channel(abc.ABC):
 
     identity: str | None  # TLS: the PSK identity (the client's, on the server)
     ends: Ends
+    peer: str  # the other end, as errors name it (``HOST:PORT``)
 
     @property
     @abc.abstractmethod
@@ -209,6 +210,10 @@ class Wrapping(Channel):
         self.inner.identity = value
 
     @property
+    def peer(self) -> str:  # type: ignore[override]
+        return self.inner.peer
+
+    @property
     def tx_path(self) -> str:
         return self.inner.tx_path
 
@@ -247,6 +252,18 @@ class Wrapping(Channel):
         self.inner.release()
 
 
+def peer_name(sock: socket.socket) -> str:
+    """The other end of ``sock`` as errors name it: ``HOST:PORT`` (``[HOST]:PORT`` for IPv6)."""
+    try:
+        address = sock.getpeername()
+    except OSError:
+        return "the peer"
+    if isinstance(address, tuple):
+        host = address[0]
+        return f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
+    return str(address) or "the peer"  # a Unix socket's path, when it has one
+
+
 class SocketChannel(Channel):
     """The bottom of a channel: bytes over a connected TCP socket, plain or inside TLS."""
 
@@ -258,6 +275,7 @@ class SocketChannel(Channel):
         sock.setblocking(False)
         self.identity = None
         self.ends = Ends()
+        self.peer = peer_name(sock)
 
     def settimeout(self, seconds: float | None) -> None:
         self._timeout = seconds
