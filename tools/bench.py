@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Benchmark ``sendstream`` against ``cat`` and ``btrfs receive --dump`` on two real streams.
+"""Benchmark ``sendstream`` against ``dd``, ``cat`` and ``btrfs receive --dump`` on two real streams.
 
-Usage: ``python3 tools/bench.py [--dir DIR] [--repeat N] [--quick] [--commands N] [--before CHECKOUT]``
+Usage: ``python3 tools/bench.py [--dir DIR] [--repeat N] [--quick] [--commands N] [--before CHECKOUT] [--tmpfs]``
 
 The streams (``bigwrite.stream``, ~1.06 GiB, v2; ``metadata.stream``, ~36 MB,
 724,005 commands, v1) are made and cached by ``tools/make_bench_streams.py``
@@ -15,6 +15,15 @@ every ``sendstream`` row is also run with that checkout's package, interleaved i
 the same rounds, and a "vs before" column gives before / now.  Progress goes to
 stderr, the report to stdout.  Exits 1 if any measured command fails.  Standard
 library only.
+
+The read floor is ``dd bs=1M`` of the same file (one copy into a reused buffer),
+in the same rounds; start-up is ``sendstream verify`` of a tiny stream, so that
+verify's own time (its wall time less start-up) can be set against the floor.
+Where the native module has more than one CRC-32C kernel, ``verify`` also runs
+with the SSE4.2 one (``SENDSTREAM_CRC``), to show what the widest kernel brings.
+With ``--tmpfs`` every stream is also copied to a tmpfs (``/dev/shm``) and
+measured there: the page cache of a disk file may be reclaimed between runs on
+these VMs, a tmpfs file cannot be.
 """
 
 from __future__ import annotations
@@ -43,7 +52,12 @@ SUMMARY_RE = re.compile(rb"^(?:OK|FAILED[^:]*): \d+ streams?, (\d+) commands, ",
 INNER_RE = re.compile(rb" bytes in (\d+\.\d+) s ")
 CRC_RE = re.compile(rb"^sendstream: verifier: .*$", re.M)
 CAT_LABEL = "cat"
+DD_LABEL = "dd bs=1M (the read floor)"
 BTRFS_LABEL = "btrfs receive --dump"
+VERIFY_LABEL = "sendstream verify"
+STARTUP_LABEL = "sendstream verify (tiny stream: start-up)"
+TINY = REPO / "fixtures" / "rich-incr-v2.stream"
+TMPFS = pathlib.Path("/dev/shm/sendstream-bench")
 
 
 class BenchError(Exception):
@@ -59,6 +73,7 @@ class Tool:
     pipe_in: bool = False
     capture: bool = False
     pythonpath: str | None = None  # another checkout's package instead of this one (``--before``)
+    env: tuple[tuple[str, str], ...] = ()  # more of the environment (a CRC kernel)
 
 
 @dataclasses.dataclass
@@ -177,14 +192,35 @@ def run_once(argv: tuple[str, ...], stdin_path: pathlib.Path | None, env: dict[s
 BEFORE = " (before)"
 
 
-def make_tools(sendstream: str, btrfs: str, cat: str, stream: pathlib.Path, before: str | None = None) -> list[Tool]:
+def crc_kernels() -> tuple[str, ...]:
+    """The CRC-32C kernels of this checkout's native module (fastest last), none when it is not built."""
+    sys.path.insert(0, str(REPO))
+    try:
+        from sendstream.codec.backend import native
+    finally:
+        sys.path.pop(0)
+    built = native()
+    return tuple(built.module.KERNELS) if built is not None else ()
+
+
+def make_tools(
+    sendstream: str, btrfs: str, cat: str, dd: str, stream: pathlib.Path, before: str | None = None
+) -> list[Tool]:
     """The command lines measured on *stream*; references first. With ``before`` (a
     checkout), each ``sendstream`` row is followed by its twin run on that checkout."""
     s = str(stream)
+    kernels = crc_kernels()
     tools = [
+        Tool(DD_LABEL, (dd, f"if={s}", "of=/dev/null", "bs=1M", "status=none")),
         Tool(CAT_LABEL, (cat, s)),
         Tool(BTRFS_LABEL, (btrfs, "receive", "--dump"), pipe_in=True),
-        Tool("sendstream verify", (sendstream, "verify", s), capture=True),
+        Tool(STARTUP_LABEL, (sendstream, "verify", str(TINY))),
+        Tool(VERIFY_LABEL, (sendstream, "verify", s), capture=True),
+        *(
+            [Tool(f"{VERIFY_LABEL}, SSE4.2 CRC", (sendstream, "verify", s), env=(("SENDSTREAM_CRC", "sse4.2"),))]
+            if len(kernels) > 2 and "sse4.2" in kernels
+            else []
+        ),
         Tool("sendstream dump", (sendstream, "dump", s)),
         Tool("sendstream repair FILE -", (sendstream, "repair", "-q", s, "-")),
         Tool("sendstream convert FILE -", (sendstream, "convert", s, "-")),
@@ -194,7 +230,7 @@ def make_tools(sendstream: str, btrfs: str, cat: str, stream: pathlib.Path, befo
     twins = (
         dataclasses.replace(t, label=t.label + BEFORE, pythonpath=before, capture=False)
         for t in tools
-        if t.label.startswith("sendstream")
+        if t.label.startswith("sendstream") and t.label != STARTUP_LABEL
     )
     return tools + list(twins)
 
@@ -205,6 +241,7 @@ def measure(tools: list[Tool], stream: pathlib.Path, repeat: int, env: dict[str,
     for rnd in range(1, repeat + 1):
         for res in results:
             run_env = env if res.tool.pythonpath is None else bench_env(res.tool.pythonpath)
+            run_env = dict(run_env, **dict(res.tool.env))
             run = run_once(res.tool.argv, stream if res.tool.pipe_in else None, run_env, res.tool.capture)
             res.times.append(run.seconds)
             res.maxrss_kib = max(res.maxrss_kib, run.maxrss_kib)
@@ -263,32 +300,40 @@ def table(name: str, stream: pathlib.Path, results: list[Result], commands: int 
     """A markdown table for one stream."""
     size = stream.stat().st_size
     by_label = {r.tool.label: r for r in results}
-    t_btrfs, t_cat = by_label[BTRFS_LABEL].best, by_label[CAT_LABEL].best
+    t_btrfs, t_cat, t_dd = by_label[BTRFS_LABEL].best, by_label[CAT_LABEL].best, by_label[DD_LABEL].best
     cmd_text = f"{commands:,} commands" if commands is not None else "commands unknown"
     lines = [
-        f"### {name}.stream: {size:,} bytes ({size / 2**30:.2f} GiB), {cmd_text}, best of {repeat}",
+        f"### {name}: {size:,} bytes ({size / 2**30:.2f} GiB), {cmd_text}, best of {repeat}",
         "",
-        "| tool | seconds | MB/s | M commands/s | vs btrfs --dump | vs cat | peak RSS MB |"
+        "| tool | seconds | MB/s | M commands/s | vs btrfs --dump | vs cat | x dd | peak RSS MB |"
         + (" vs before |" if any(r.tool.pythonpath for r in results) else ""),
-        "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if any(r.tool.pythonpath for r in results) else ""),
+        "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if any(r.tool.pythonpath for r in results) else ""),
     ]
     for r in results:
         t = r.best
-        mcps = f"{commands / t / 1e6:.3f}" if commands is not None and t > 0 else "-"
+        mcps = f"{commands / t / 1e6:.3f}" if commands is not None and t > 0 and r.tool.label != STARTUP_LABEL else "-"
         row = (
             f"| `{r.tool.label}` | {t:.3f} | {size / t / 1e6:,.1f} | {mcps} "
-            f"| {fmt_ratio(t_btrfs, t)} | {fmt_ratio(t_cat, t)} | {fmt_rss(r)} |"
+            f"| {fmt_ratio(t_btrfs, t)} | {fmt_ratio(t_cat, t)} | {fmt_ratio(t, t_dd)} | {fmt_rss(r)} |"
         )
         if (old := by_label.get(r.tool.label + BEFORE)) is not None:
             row += f" {fmt_ratio(old.best, t)} |"
         elif lines[2].endswith("vs before |"):
             row += " |"
         lines.append(row)
-    inner = INNER_RE.search(by_label["sendstream verify"].output)
+    own = by_label[VERIFY_LABEL].best - by_label[STARTUP_LABEL].best
+    vs_progs, dump_vs_progs = (fmt_ratio(t_btrfs, by_label[k].best) for k in (VERIFY_LABEL, "sendstream dump"))
+    lines += [
+        "",
+        f"`sendstream verify`'s own time (its wall time less start-up, {by_label[STARTUP_LABEL].best:.3f} s): "
+        f"{own:.3f} s, {fmt_ratio(own, t_dd)} x the `dd` floor; the whole command {vs_progs} x as fast as "
+        f"`btrfs receive --dump`, `dump` {dump_vs_progs} x.",
+    ]
+    inner = INNER_RE.search(by_label[VERIFY_LABEL].output)
     if inner and commands is not None and (t := float(inner.group(1))) > 0:
         lines += [
             "",
-            f"`sendstream verify`'s own time (in process, without the interpreter's start): {t:.3f} s, "
+            f"`sendstream verify`'s time in process (without the interpreter's start): {t:.3f} s, "
             f"{size / t / 1e9:.2f} GB/s, {commands / t / 1e6:.1f} M commands/s.",
         ]
     return "\n".join(lines)
@@ -304,6 +349,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--before", metavar="CHECKOUT", help="also run every sendstream row with this checkout's package (a ratio)"
     )
     p.add_argument("--commands", type=int, default=None, metavar="N", help="metadata stream's command count")
+    p.add_argument("--tmpfs", action="store_true", help=f"also measure every stream copied to {TMPFS}")
     args = p.parse_args(argv)
     if args.repeat is None:
         args.repeat = 1 if args.quick else 3
@@ -323,24 +369,32 @@ def main(argv: list[str]) -> int:
         # pip compiles an installed package's bytecode; do the same for the checkout, or every
         # run would compile it again (PYTHONDONTWRITEBYTECODE is set on some machines).
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "sendstream")], check=True)
-        sendstream, btrfs, cat = find_exe("sendstream"), find_exe("btrfs"), find_exe("cat")
+        sendstream, btrfs, cat, dd = (find_exe(n) for n in ("sendstream", "btrfs", "cat", "dd"))
         env = bench_env()
         pkg = package_path(sendstream, env)
-        streams = {n: directory / f"{n}.stream" for n in names}
+        streams = {f"{n}.stream": directory / f"{n}.stream" for n in names}
+        if args.tmpfs:
+            TMPFS.mkdir(parents=True, exist_ok=True)
+            for n in names:
+                copy = TMPFS / f"{n}.stream"
+                if not copy.exists() or copy.stat().st_size != (directory / f"{n}.stream").stat().st_size:
+                    log(f"copying {n}.stream to {copy}")
+                    shutil.copyfile(directory / f"{n}.stream", copy)
+                streams[f"{n}.stream on tmpfs"] = copy
         for path in streams.values():
             log(f"warming page cache: {path}")
             warm(path)
         # One unmeasured run: reports the CRC implementation and warms Python's caches.
-        first = run_once((sendstream, "verify", "-v", str(streams[names[-1]])), None, env, capture=True)
+        first = run_once((sendstream, "verify", "-v", str(TINY)), None, env, capture=True)
         crc = CRC_RE.search(first.output)
         crc_line = crc.group(0).decode(errors="replace") if crc else "(no crc line)"
         tables = []
         for name, path in streams.items():
             log(f"{name}: {path}")
-            results = measure(make_tools(sendstream, btrfs, cat, path, args.before), path, args.repeat, env)
-            verify = next(r for r in results if r.tool.label == "sendstream verify")
+            results = measure(make_tools(sendstream, btrfs, cat, dd, path, args.before), path, args.repeat, env)
+            verify = next(r for r in results if r.tool.label == VERIFY_LABEL)
             commands = parse_commands(verify.output)
-            if name == "metadata" and args.commands is not None:
+            if name.startswith("metadata") and args.commands is not None:
                 commands = args.commands
             tables.append(table(name, path, results, commands, args.repeat))
     except BenchError as exc:
@@ -352,7 +406,7 @@ def main(argv: list[str]) -> int:
     print(f"- machine: {len(os.sched_getaffinity(0))} CPUs (nproc), {cpu_model()}")
     print(f"- kernel: {platform.system()} {platform.release()}; Python {platform.python_version()}")
     print(f"- {version_of([btrfs, '--version'])} ({btrfs}); sendstream: {sendstream} (package: {pkg})")
-    print(f"- checkout: {checkout()}; {crc_line}")
+    print(f"- checkout: {checkout()}; {crc_line}; the module's CRC-32C kernels: {', '.join(crc_kernels()) or 'none'}")
     if args.before:
         before = version_of(["git", "-C", args.before, "rev-parse", "--short", "HEAD"])
         print(f"- before: {args.before} at {before}; 'vs before' is its time / this checkout's (> 1: faster now)")

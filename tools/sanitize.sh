@@ -18,6 +18,6 @@ export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktra
 # the sanitized build must be the one imported
 python3 -c "from sendstream.codec.backend import native as n; assert n() and n().module.__file__.startswith('$work'), n()"
 t="$root/tests"
-python3 -m pytest -q -p no:cacheprovider --rootdir "$root" "$t/unit/test_native.py" "$t/integration/test_native_cli.py" \
+python3 -m pytest -q -p no:cacheprovider --rootdir "$root" "$t/unit/test_native.py" "$t/unit/test_crc_kernels.py" "$t/integration/test_native_cli.py" \
     "$t/unit/test_restart.py" "$t/integration/test_restart_cli.py" "$t/unit/test_properties.py" \
     "$t/unit/test_corrupt.py" "$t/integration/test_fuzz_corpus.py" -k "not live" "$@"

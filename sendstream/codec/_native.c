@@ -30,7 +30,7 @@
 #endif
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <nmmintrin.h>
+#include <immintrin.h> /* SSE4.2 crc32, PCLMULQDQ, AVX-512 VPCLMULQDQ: each used under its target attribute */
 #define HAVE_X86_CRC 1
 #endif
 #if defined(__aarch64__) && defined(__ARM_FEATURE_CRC32)
@@ -172,6 +172,97 @@ TARGET_CRC static uint32_t crc_hw(uint32_t crc, const uint8_t *p, size_t n)
     return c32;
 }
 #endif
+
+#if defined(HAVE_X86_CRC)
+/*
+ * Folding with carry-less multiplication (VPCLMULQDQ on AVX-512: four 128-bit
+ * lanes a register, four registers, 256 bytes a round). An accumulator of 128
+ * bits stands for the message so far, the polynomial of its bytes in the
+ * reflected order (byte 0's bit 0 the highest power). Moving it d bits further
+ * multiplies it by x^d modulo P: its first 64 bits by x^(64+d-1) and its last by
+ * x^(d-1) (the -1: a reflected carry-less product comes out one place up),
+ * then the bytes d bits further are XORed in. Once under 16 bytes are left,
+ * the crc32 instruction reduces the accumulator's 16 bytes to the CRC and goes
+ * on over the tail: crc(0, A || T) is what the folding kept equal.
+ */
+#define FOLD_MIN 1024 /* shorter buffers: the three crc32 lanes, no set-up */
+
+static __m128i fold_by[4]; /* x^(64+d-1), x^(d-1) mod P for d = 16, 32, 48, 64 bytes */
+static __m128i fold_256;   /* d = 256 bytes: a round of four registers */
+
+/* x^m mod P, as the high half of a reflected 64-bit operand */
+static uint64_t fold_factor(uint64_t m)
+{
+    uint32_t p = 1u << 31; /* x^0 */
+    for (unsigned k = 0; m; m >>= 1, k++)
+        if (m & 1)
+            p = gf_mul(x2k[k], p);
+    return (uint64_t)p << 32;
+}
+
+static __m128i fold_pair(uint64_t bytes)
+{
+    uint64_t d = 8 * bytes;
+    return _mm_set_epi64x((long long)fold_factor(d - 1), (long long)fold_factor(64 + d - 1));
+}
+
+static void fold_init(void)
+{
+    for (int i = 0; i < 4; i++)
+        fold_by[i] = fold_pair(16 * (uint64_t)(i + 1));
+    fold_256 = fold_pair(256);
+}
+
+__attribute__((target("pclmul,sse4.2"))) static inline __m128i fold16(__m128i acc, __m128i k, __m128i next)
+{
+    return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(acc, k, 0x00), _mm_clmulepi64_si128(acc, k, 0x11)), next);
+}
+
+__attribute__((target("avx512f,vpclmulqdq"))) static inline __m512i fold64(__m512i acc, __m512i k, __m512i next)
+{
+    return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(acc, k, 0x00), _mm512_clmulepi64_epi128(acc, k, 0x11),
+                                     next, 0x96); /* a ^ b ^ c */
+}
+
+__attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2"))) static uint32_t crc_vpclmul(uint32_t crc, const uint8_t *p,
+                                                                                        size_t n)
+{
+    if (n < FOLD_MIN)
+        return crc_hw(crc, p, n);
+    __m512i a0 = _mm512_xor_si512(_mm512_loadu_si512(p), _mm512_castsi128_si512(_mm_cvtsi32_si128((int)crc)));
+    __m512i a1 = _mm512_loadu_si512(p + 64), a2 = _mm512_loadu_si512(p + 128), a3 = _mm512_loadu_si512(p + 192);
+    p += 256;
+    n -= 256;
+    __m512i k = _mm512_broadcast_i32x4(fold_256);
+    for (; n >= 256; p += 256, n -= 256) {
+        a0 = fold64(a0, k, _mm512_loadu_si512(p));
+        a1 = fold64(a1, k, _mm512_loadu_si512(p + 64));
+        a2 = fold64(a2, k, _mm512_loadu_si512(p + 128));
+        a3 = fold64(a3, k, _mm512_loadu_si512(p + 192));
+    }
+    k = _mm512_broadcast_i32x4(fold_by[3]);
+    __m512i a = fold64(fold64(fold64(a0, k, a1), k, a2), k, a3);
+    for (; n >= 64; p += 64, n -= 64)
+        a = fold64(a, k, _mm512_loadu_si512(p));
+    __m128i x = _mm512_extracti32x4_epi32(a, 3);
+    x = fold16(_mm512_extracti32x4_epi32(a, 2), fold_by[0], x);
+    x = _mm_xor_si128(x, fold16(_mm512_extracti32x4_epi32(a, 1), fold_by[1], _mm_setzero_si128()));
+    x = _mm_xor_si128(x, fold16(_mm512_extracti32x4_epi32(a, 0), fold_by[2], _mm_setzero_si128()));
+    for (; n >= 16; p += 16, n -= 16)
+        x = fold16(x, fold_by[0], _mm_loadu_si128((const __m128i *)p));
+    uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(x));
+    c = _mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(x, 1));
+    return crc_hw((uint32_t)c, p, n);
+}
+#endif
+
+/* The kernels this processor has, fastest last; crc_fn is the fastest, unless use_crc() chose another. */
+struct crc_kernel {
+    const char *key, *name;
+    uint32_t (*fn)(uint32_t, const uint8_t *, size_t);
+};
+static struct crc_kernel kernels[3] = {{"table", "slicing-by-8 table", crc_table}};
+static int kernel_count = 1;
 
 static uint32_t (*crc_fn)(uint32_t, const uint8_t *, size_t) = crc_table;
 static const char *crc_name = "slicing-by-8 table";
@@ -1129,15 +1220,49 @@ static PyObject *unguard(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyObject *crc32c_py(PyObject *self, PyObject *args)
+/* The kernel of KERNELS named key, or NULL with a ValueError. */
+static const struct crc_kernel *kernel_named(const char *key)
 {
+    for (int i = 0; i < kernel_count; i++)
+        if (strcmp(kernels[i].key, key) == 0)
+            return &kernels[i];
+    PyErr_Format(PyExc_ValueError, "no CRC kernel %s on this processor", key);
+    return NULL;
+}
+
+static PyObject *use_crc(PyObject *self, PyObject *args)
+{
+    const char *key;
+    if (!PyArg_ParseTuple(args, "s", &key))
+        return NULL;
+    const struct crc_kernel *k = kernel_named(key);
+    if (!k)
+        return NULL;
+    crc_fn = k->fn; /* (set once, before any scan: the backend asks at its first use) */
+    crc_name = k->name;
+    return PyUnicode_FromString(crc_name);
+}
+
+static PyObject *crc32c_py(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"data", "crc", "kernel", NULL};
     Py_buffer in;
     unsigned int crc = 0;
-    if (!PyArg_ParseTuple(args, "y*|I", &in, &crc))
+    const char *key = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*|Iz", names, &in, &crc, &key))
         return NULL;
+    uint32_t (*fn)(uint32_t, const uint8_t *, size_t) = crc_fn;
+    if (key) {
+        const struct crc_kernel *k = kernel_named(key);
+        if (!k) {
+            PyBuffer_Release(&in);
+            return NULL;
+        }
+        fn = k->fn;
+    }
     uint32_t r;
     Py_BEGIN_ALLOW_THREADS
-    r = crc_fn(crc, in.buf, (size_t)in.len);
+    r = fn(crc, in.buf, (size_t)in.len);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&in);
     return PyLong_FromUnsignedLong(r);
@@ -1147,7 +1272,9 @@ static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_VARARGS | METH_KEYWORDS,
      "Walk and check every complete command from pos; stop at END, a partial or an unusual command."},
     {"dump_text", dump_text, METH_VARARGS, "Like scan(), printing each clean command as btrfs receive --dump."},
-    {"crc32c", crc32c_py, METH_VARARGS, "crc32c(data, crc=0): the btrfs CRC-32C."},
+    {"crc32c", (PyCFunction)(void (*)(void))crc32c_py, METH_VARARGS | METH_KEYWORDS,
+     "crc32c(data, crc=0, kernel=None): the btrfs CRC-32C (kernel: one of KERNELS, else the chosen one)."},
+    {"use_crc", use_crc, METH_VARARGS, "use_crc(kernel) -> its name: every later CRC by that kernel of KERNELS."},
     {"guard", guard, METH_VARARGS, "guard(mapping) -> slot: survive SIGBUS in a file mapping and record it."},
     {"faulted", faulted, METH_VARARGS, "faulted(slot) -> the first offset that had no data, or -1."},
     {"unguard", unguard, METH_VARARGS, "unguard(slot): forget a mapping that goes away."},
@@ -1168,16 +1295,26 @@ PyMODINIT_FUNC PyInit__native(void)
 #ifdef HAVE_X86_CRC
     __builtin_cpu_init();
     if (__builtin_cpu_supports("sse4.2")) {
-        crc_fn = crc_hw;
-        crc_name = "x86-64 SSE4.2 crc32";
+        kernels[kernel_count++] = (struct crc_kernel){"sse4.2", "x86-64 SSE4.2 crc32", crc_hw};
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq") &&
+            __builtin_cpu_supports("pclmul")) {
+            fold_init();
+            kernels[kernel_count++] =
+                (struct crc_kernel){"vpclmulqdq", "x86-64 AVX-512 VPCLMULQDQ folding, SSE4.2 crc32", crc_vpclmul};
+        }
     }
 #elif defined(HAVE_ARM_CRC)
-    crc_fn = crc_hw;
-    crc_name = "ARMv8 crc32c";
+    kernels[kernel_count++] = (struct crc_kernel){"armv8", "ARMv8 crc32c", crc_hw};
 #endif
+    crc_fn = kernels[kernel_count - 1].fn;
+    crc_name = kernels[kernel_count - 1].name;
     PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddStringConstant(m, "CRC", crc_name) < 0) {
-        Py_DECREF(m);
+    PyObject *keys = m ? PyTuple_New(kernel_count) : NULL;
+    for (int i = 0; keys && i < kernel_count; i++)
+        PyTuple_SET_ITEM(keys, i, PyUnicode_FromString(kernels[i].key));
+    if (!keys || PyModule_AddStringConstant(m, "CRC", crc_name) < 0 || PyModule_AddObject(m, "KERNELS", keys) < 0) {
+        Py_XDECREF(keys);
+        Py_XDECREF(m);
         return NULL;
     }
     return m;

@@ -36,7 +36,7 @@ class Backend:
     @property
     def path(self) -> str:
         """What ``verify -v`` names: ``native (its CRC instructions)`` or ``python``."""
-        return f"native ({self.module.CRC})" if self.is_native else "python"
+        return self.crc_name if self.is_native else "python"
 
     def scan(
         self,
@@ -85,12 +85,23 @@ def pure() -> Backend:
 
 @functools.cache
 def native() -> Backend | None:
-    """The native backend, or None when the module was not built (no compiler at install time)."""
+    """The native backend, or None when the module was not built (no compiler at install time).
+
+    Its CRC-32C is the fastest kernel the processor has (``_native.KERNELS``, fastest last: ``table``,
+    ``sse4.2``, ``vpclmulqdq``), unless ``SENDSTREAM_CRC`` names another (tests and benchmarks)."""
     try:
         from . import _native  # type: ignore[attr-defined]
     except ImportError:
         return None
-    return Backend(_native, _native.crc32c, f"native ({_native.CRC})")
+    name = _native.CRC
+    if wanted := os.environ.get("SENDSTREAM_CRC"):
+        if wanted not in _native.KERNELS:
+            from ..errors import UsageError
+
+            kernels = ", ".join(_native.KERNELS)
+            raise UsageError(f"SENDSTREAM_CRC={wanted}: this processor's CRC-32C kernels are {kernels}")
+        name = _native.use_crc(wanted)
+    return Backend(_native, _native.crc32c, f"native ({name})")
 
 
 def available() -> tuple[Backend, ...]:
