@@ -138,3 +138,14 @@ def test_convert_into_a_fifo_writes_through_it(tmp_path: Path) -> None:
     reader.join(timeout=30)
     assert result.returncode == 0 and received == [SAMPLE.read_bytes()]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo"] and fifo.is_fifo()
+
+
+def test_standard_output_is_gone_once_its_reader_closed() -> None:
+    read, write = os.pipe()
+    code = "from sendstream.cli.terminal import standard_output_gone as g; import sys; sys.stderr.write(str(g()))"
+    try:
+        os.close(read)
+        done = subprocess.run([sys.executable, "-c", code], stdout=write, stderr=subprocess.PIPE, check=True)
+    finally:
+        os.close(write)
+    assert done.stderr == b"True"

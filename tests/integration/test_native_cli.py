@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,3 +37,20 @@ def test_verify_reports_the_same_on_both_paths(tmp_path: Path) -> None:
         assert [p.offset for p in in_memory.problems] == [m for m in marks[5:40:7]]
     assert runs[0] == runs[1]
     assert runs[0][0] == 1 and len(runs[0][1]) == 5
+
+
+def test_sendstream_crc_chooses_the_kernel_and_refuses_one_the_processor_lacks() -> None:
+    assert NATIVE is not None
+    code = "from sendstream.codec.backend import default; print(default().crc_name)"
+    env = {k: v for k, v in os.environ.items() if k != "SENDSTREAM_PURE"}
+    chosen = subprocess.run(
+        [sys.executable, "-c", code], env={**env, "SENDSTREAM_CRC": "table"}, capture_output=True, text=True, check=True
+    )
+    assert chosen.stdout == "native (slicing-by-8 table)\n"
+    argv = [sys.executable, "-m", "sendstream", "verify", str(FIXTURES / "rich-incr-v2.stream")]
+    refused = subprocess.run(argv, env={**env, "SENDSTREAM_CRC": "z80"}, capture_output=True, text=True)
+    kernels = ", ".join(NATIVE.module.KERNELS)
+    assert (refused.returncode, refused.stderr) == (
+        2,
+        f"sendstream: error: SENDSTREAM_CRC=z80: this processor's CRC-32C kernels are {kernels}\n",
+    )

@@ -1,13 +1,11 @@
 """Every CRC-32C kernel of the native module against the reference: every length and alignment up to 4 KiB,
-random lengths up to 16 MiB, chained. A kernel this processor lacks is skipped, saying so (machines differ
+random lengths up to 16 MiB, chained (SENDSTREAM_CRC, which chooses one for every check:
+tests/integration/test_native_cli.py). A kernel this processor lacks is skipped, saying so (machines differ
 between runs); tools/sanitize.sh runs these under ASan and UBSan."""
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
 
 import pytest
 
@@ -62,20 +60,3 @@ def test_random_lengths_up_to_16_mib_and_chained(kernel: str) -> None:
         cut = rng.randrange(n + 1)
         chained = crc32c(part[cut:], crc32c(part[:cut], crc, kernel=kernel), kernel=kernel)
         assert chained == crc32c(part, crc, kernel="table"), (n, align, cut)
-
-
-def test_sendstream_crc_chooses_the_kernel_and_refuses_one_the_processor_lacks() -> None:
-    module = module_with("table")
-    code = "from sendstream.codec.backend import default; print(default().crc_name)"
-    env = {**os.environ, "SENDSTREAM_CRC": "table"}
-    env.pop("SENDSTREAM_PURE", None)
-    chosen = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert chosen.stdout == "native (slicing-by-8 table)\n"
-    stream = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "rich-incr-v2.stream")
-    argv = [sys.executable, "-m", "sendstream", "verify", stream]
-    refused = subprocess.run(argv, env={**env, "SENDSTREAM_CRC": "z80"}, capture_output=True, text=True)
-    kernels = ", ".join(module.KERNELS)  # type: ignore[attr-defined]
-    assert (refused.returncode, refused.stderr) == (
-        2,
-        f"sendstream: error: SENDSTREAM_CRC=z80: this processor's CRC-32C kernels are {kernels}\n",
-    )

@@ -1,11 +1,9 @@
-"""The CLI's last word on a broken pipe: quiet only when standard output's reader went away."""
+"""The CLI's last word on a broken pipe: quiet only when standard output's reader went away (which a
+process of its own tells: tests/integration/test_cli.py)."""
 
 from __future__ import annotations
 
 import errno
-import os
-import subprocess
-import sys
 
 import click
 import pytest
@@ -29,14 +27,3 @@ def test_a_broken_pipe_that_is_not_standard_outputs_is_an_error(capsys: pytest.C
     assert not standard_output_gone()
     assert run_command(broken(), ["write"]) == 4
     assert capsys.readouterr().err == "sendstream: error: Broken pipe\n"
-
-
-def test_standard_output_is_gone_once_its_reader_closed() -> None:
-    read, write = os.pipe()
-    code = "from sendstream.cli.terminal import standard_output_gone as g; import sys; sys.stderr.write(str(g()))"
-    try:
-        os.close(read)
-        done = subprocess.run([sys.executable, "-c", code], stdout=write, stderr=subprocess.PIPE, check=True)
-    finally:
-        os.close(write)
-    assert done.stderr == b"True"
