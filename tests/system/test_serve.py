@@ -1235,6 +1235,29 @@ def test_a_killed_service_started_again_takes_its_senders_back(tmp_path: Path) -
     assert next(e for e in log if e["event"] == "stored")["bytes"] == big.stat().st_size
 
 
+def test_a_plain_sender_whose_service_is_killed_fails_naming_it(tmp_path: Path) -> None:
+    """The soak's finding: a plain (not resumable) sender whose service was SIGKILLed mid-stream exited 0
+    with no word, as if stored (its next write broke the pipe, taken for standard output's reader
+    leaving). It fails naming the receiver, and nothing is stored."""
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    big = _big(tmp_path)
+    place = tmp_path / "places" / "alpha"
+    with service(config, port) as proc:
+        sender = _sender_of(port, tmp_path, "alpha", big, "--rate-limit", "2M")
+        deadline = time.monotonic() + 20
+        while not any(p.stat().st_size >= 1 << 20 for p in place.glob(".*.tmp")) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the raw stream's hidden file holds 1 MiB: the transfer is under way
+        proc.kill()
+        proc.wait()
+        _, err = sender.communicate(timeout=60)
+    said = f"sendstream: error: sending to 127.0.0.1:{port}: the receiver went away before the whole stream was sent ("
+    assert sender.returncode == 4 and said.encode() in err, err
+    with service(config, port):
+        pass  # started again, it removes what the killed one left
+    assert list(place.iterdir()) == []
+
+
 @pytest.mark.btrfs
 def test_a_killed_service_resumes_into_btrfs_receive(tmp_path: Path) -> None:
     """The subvolume the killed run began is deleted, the kept part given to btrfs receive again, and the
