@@ -204,12 +204,18 @@ def crc_kernels() -> tuple[str, ...]:
 
 
 def make_tools(
-    sendstream: str, btrfs: str, cat: str, dd: str, stream: pathlib.Path, before: str | None = None
+    sendstream: str,
+    btrfs: str,
+    cat: str,
+    dd: str,
+    stream: pathlib.Path,
+    kernels: tuple[str, ...],
+    before: str | None = None,
 ) -> list[Tool]:
-    """The command lines measured on *stream*; references first. With ``before`` (a
-    checkout), each ``sendstream`` row is followed by its twin run on that checkout."""
+    """The command lines measured on *stream*; references first (``kernels``: the native module's CRC
+    kernels). With ``before`` (a checkout), each ``sendstream`` row is followed by its twin run on that
+    checkout."""
     s = str(stream)
-    kernels = crc_kernels()
     tools = [
         Tool(DD_LABEL, (dd, f"if={s}", "of=/dev/null", "bs=1M", "status=none")),
         Tool(CAT_LABEL, (cat, s)),
@@ -370,6 +376,7 @@ def main(argv: list[str]) -> int:
         # run would compile it again (PYTHONDONTWRITEBYTECODE is set on some machines).
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "sendstream")], check=True)
         sendstream, btrfs, cat, dd = (find_exe(n) for n in ("sendstream", "btrfs", "cat", "dd"))
+        kernels = crc_kernels()
         env = bench_env()
         pkg = package_path(sendstream, env)
         streams = {f"{n}.stream": directory / f"{n}.stream" for n in names}
@@ -391,7 +398,8 @@ def main(argv: list[str]) -> int:
         tables = []
         for name, path in streams.items():
             log(f"{name}: {path}")
-            results = measure(make_tools(sendstream, btrfs, cat, dd, path, args.before), path, args.repeat, env)
+            tools = make_tools(sendstream, btrfs, cat, dd, path, kernels, args.before)
+            results = measure(tools, path, args.repeat, env)
             verify = next(r for r in results if r.tool.label == VERIFY_LABEL)
             commands = parse_commands(verify.output)
             if name.startswith("metadata") and args.commands is not None:
@@ -406,7 +414,7 @@ def main(argv: list[str]) -> int:
     print(f"- machine: {len(os.sched_getaffinity(0))} CPUs (nproc), {cpu_model()}")
     print(f"- kernel: {platform.system()} {platform.release()}; Python {platform.python_version()}")
     print(f"- {version_of([btrfs, '--version'])} ({btrfs}); sendstream: {sendstream} (package: {pkg})")
-    print(f"- checkout: {checkout()}; {crc_line}; the module's CRC-32C kernels: {', '.join(crc_kernels()) or 'none'}")
+    print(f"- checkout: {checkout()}; {crc_line}; the module's CRC-32C kernels: {', '.join(kernels) or 'none'}")
     if args.before:
         before = version_of(["git", "-C", args.before, "rev-parse", "--short", "HEAD"])
         print(f"- before: {args.before} at {before}; 'vs before' is its time / this checkout's (> 1: faster now)")

@@ -214,12 +214,6 @@ def run_command(group: click.Group, argv: list[str] | None) -> int:
     except PipeBroken as exc:
         _report(exc.cause, show_traceback, sys.stderr)
         return exc.cause.exit_code if isinstance(exc.cause, e.SendStreamError) else e.EXIT_IO
-    except BrokenPipeError as exc:  # (outside a command: click's own output)
-        if standard_output_gone():
-            _quiet_stdout()
-            return 0
-        _report(exc, show_traceback, sys.stderr)
-        return e.EXIT_IO
     except e.SendStreamError as exc:
         _report(exc, show_traceback, sys.stderr)
         return exc.exit_code

@@ -244,10 +244,11 @@ __attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2"))) static uint32_t crc_
     __m512i a = fold64(fold64(fold64(a0, k, a1), k, a2), k, a3);
     for (; n >= 64; p += 64, n -= 64)
         a = fold64(a, k, _mm512_loadu_si512(p));
+    /* its four lanes into one: each moved on to the last (by 48, 32 and 16 bytes) and XORed in */
     __m128i x = _mm512_extracti32x4_epi32(a, 3);
     x = fold16(_mm512_extracti32x4_epi32(a, 2), fold_by[0], x);
-    x = _mm_xor_si128(x, fold16(_mm512_extracti32x4_epi32(a, 1), fold_by[1], _mm_setzero_si128()));
-    x = _mm_xor_si128(x, fold16(_mm512_extracti32x4_epi32(a, 0), fold_by[2], _mm_setzero_si128()));
+    x = fold16(_mm512_extracti32x4_epi32(a, 1), fold_by[1], x);
+    x = fold16(_mm512_extracti32x4_epi32(a, 0), fold_by[2], x);
     for (; n >= 16; p += 16, n -= 16)
         x = fold16(x, fold_by[0], _mm_loadu_si128((const __m128i *)p));
     uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(x));

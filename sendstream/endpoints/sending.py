@@ -142,7 +142,7 @@ class PlainSender:
         if self.status is not None and self.status[0]:
             raise e.RemoteError(f"the receiver failed: {self.status[1]}", self.status[0]) from exc
         where = f"sending to {self._channel.peer}"
-        if isinstance(exc, (BrokenPipeError, ConnectionResetError)) or (self._ended and not self._reader.is_alive()):
+        if isinstance(exc, (BrokenPipeError, ConnectionResetError)) or self._ended:
             # the receiver went away (its end, seen by the status reader first, or a broken pipe): said so,
             # whatever our write then ran into (TLS: a session invalidated)
             seen = e.reason(self._error or exc)

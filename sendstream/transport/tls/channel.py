@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 
 from ...errors import TlsError, UsageError
+from ..listener import describe_peer
 
 SENDFILE_CHUNK = 256 << 10
 
@@ -253,15 +254,11 @@ class Wrapping(Channel):
 
 
 def peer_name(sock: socket.socket) -> str:
-    """The other end of ``sock`` as errors name it: ``HOST:PORT`` (``[HOST]:PORT`` for IPv6)."""
+    """The other end of ``sock`` as errors name it (:func:`~sendstream.transport.listener.describe_peer`)."""
     try:
-        address = sock.getpeername()
+        return describe_peer(sock.getpeername())
     except OSError:
         return "the peer"
-    if isinstance(address, tuple):
-        host = address[0]
-        return f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
-    return str(address) or "the peer"  # a Unix socket's path, when it has one
 
 
 class SocketChannel(Channel):
