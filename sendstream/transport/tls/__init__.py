@@ -34,10 +34,35 @@ channels), ``gnutls`` and ``openssl`` (a library each), ``connect`` (the
 two ends, and which library does a mode).
 """
 
-from .channel import Channel, PlainChannel
-from .connect import accept_channel, connect_channel, why_unavailable
-from .keys import derive_key, load_key
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .suites import DEFAULT_MODE, MODES
+
+if TYPE_CHECKING:
+    from .channel import Channel, PlainChannel
+    from .connect import accept_channel, connect_channel, why_unavailable
+    from .keys import derive_key, load_key
+
+# The rest loads on first use: a command that never opens a connection (verify, dump) does not pay
+# for sockets, the channels and cffi (~10 ms of start-up, docs/contributing/benchmarks.md).
+_WHERE = {
+    "Channel": "channel",
+    "PlainChannel": "channel",
+    "accept_channel": "connect",
+    "connect_channel": "connect",
+    "why_unavailable": "connect",
+    "derive_key": "keys",
+    "load_key": "keys",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
 
 __all__ = [
     "DEFAULT_MODE",
