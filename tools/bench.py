@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Benchmark ``sendstream`` against ``dd``, ``cat`` and ``btrfs receive --dump`` on two real streams.
 
-Usage: ``python3 tools/bench.py [--dir DIR] [--repeat N] [--quick] [--commands N] [--before CHECKOUT] [--tmpfs]``
+Usage: ``python3 tools/bench.py [--dir DIR] [--repeat N] [--quick] [--commands N] [--before CHECKOUT] [--tmpfs]
+[--installed]``
 
 The streams (``bigwrite.stream``, ~1.06 GiB, v2; ``metadata.stream``, ~36 MB,
 724,005 commands, v1) are made and cached by ``tools/make_bench_streams.py``
@@ -23,7 +24,11 @@ Where the native module has more than one CRC-32C kernel, ``verify`` also runs
 with the SSE4.2 one (``SENDSTREAM_CRC``), to show what the widest kernel brings.
 With ``--tmpfs`` every stream is also copied to a tmpfs (``/dev/shm``) and
 measured there: the page cache of a disk file may be reclaimed between runs on
-these VMs, a tmpfs file cannot be.
+these VMs, a tmpfs file cannot be.  With ``--installed`` the ``sendstream`` rows
+run the console script of a wheel of this checkout installed into a fresh venv
+(as the README's first command installs it; ``tools/bench_startup.py`` builds
+it), not the development install: a development environment's ``.pth`` hooks
+(an editable install's finder, ~14 ms here) are start-up no user pays.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ import sys
 import sysconfig
 import tempfile
 import time
+
+import bench_startup
 
 TOOLS_DIR = pathlib.Path(__file__).resolve().parent
 REPO = TOOLS_DIR.parent
@@ -119,7 +126,7 @@ def package_path(script: str, env: dict[str, str]) -> str:
         first = f.readline()
     interp = first[2:].decode(errors="replace").split() if first.startswith(b"#!") else []
     argv = [*(interp or [sys.executable]), "-c", "import sendstream; print(sendstream.__file__)"]
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd="/")  # not this checkout's directory
     if proc.returncode != 0:
         raise BenchError(f"cannot import sendstream with {argv[0]}:\n{proc.stderr}")
     return os.path.dirname(proc.stdout.strip())
@@ -356,6 +363,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--commands", type=int, default=None, metavar="N", help="metadata stream's command count")
     p.add_argument("--tmpfs", action="store_true", help=f"also measure every stream copied to {TMPFS}")
+    p.add_argument("--installed", action="store_true", help="run a wheel of the checkout installed in a fresh venv")
     args = p.parse_args(argv)
     if args.repeat is None:
         args.repeat = 1 if args.quick else 3
@@ -370,14 +378,18 @@ def main(argv: list[str]) -> int:
     directory: pathlib.Path = args.dir.resolve()
     names = QUICK_STREAMS if args.quick else STREAMS
     now = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    work = bench_startup.scratch() if args.installed else None
     try:
         ensure_streams(directory)
         # pip compiles an installed package's bytecode; do the same for the checkout, or every
         # run would compile it again (PYTHONDONTWRITEBYTECODE is set on some machines).
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "sendstream")], check=True)
         sendstream, btrfs, cat, dd = (find_exe(n) for n in ("sendstream", "btrfs", "cat", "dd"))
-        kernels = crc_kernels()
         env = bench_env()
+        if work is not None:
+            sendstream = str(bench_startup.install(REPO, work) / "bin" / "sendstream")
+            env = dict(env, PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+        kernels = crc_kernels()
         pkg = package_path(sendstream, env)
         streams = {f"{n}.stream": directory / f"{n}.stream" for n in names}
         if args.tmpfs:
@@ -408,6 +420,9 @@ def main(argv: list[str]) -> int:
     except BenchError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
 
     print(f"## sendstream benchmark, {now}")
     print()

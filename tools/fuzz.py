@@ -199,7 +199,7 @@ with instrumented:
     from sendstream.ops.verify import find_headers, verify_file
     from sendstream.render.changes import diff_json, diff_lines, json_line, ls_json, ls_lines
     from sendstream.render.dump import TextDumper
-    from sendstream.render.dump import json_line as dump_json_line
+    from sendstream.render.jsonlines import json_line as dump_json_line
     from sendstream.render.paths import record_json_line, record_line, statistics_lines
     from sendstream.render.progs import PROGS_STYLES, ProgsStyle
     from sendstream.service.config import IDENTITY, Config, ConfigError

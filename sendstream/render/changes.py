@@ -11,7 +11,8 @@ from typing import Any, BinaryIO
 from ..analysis.changes import Change, Diff, SubvolumeChanges, read_changes
 from ..analysis.paths import MAX_HELD, MAX_NAMES
 from ..io.framed import StreamSource, Warn
-from .dump import escape, json_bytes
+from .dump import escape
+from .jsonlines import json_bytes
 
 
 def _show(raw: bytes | None) -> bytes:

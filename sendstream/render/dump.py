@@ -13,10 +13,7 @@ it raw (``raw_xattr_data`` gives 6.2's form).
 
 from __future__ import annotations
 
-import base64
 import ctypes
-import hashlib
-import json
 import re
 import uuid
 from typing import Any, BinaryIO
@@ -25,7 +22,6 @@ from .. import errors as e
 from ..codec.backend import Backend
 from ..codec.scan import Batch
 from ..format.command import Command
-from ..format.layout import MAX_VERSION, attribute_name, attribute_spec, decode_value
 from ..format.layout import A as _A
 from ..io.framed import FramedInput, StreamSource, Warn
 from .progs import DEFAULT_STYLE, PROGS_STYLES, ProgsStyle
@@ -282,58 +278,6 @@ _FIELDS: dict[str, Any] = {
 }
 
 
-def json_bytes(raw: Any) -> Any:
-    """A byte string as JSON: a string if it is UTF-8, else ``{"base64": ...}``."""
-    b = bytes(raw)
-    try:
-        return b.decode("utf-8")
-    except UnicodeDecodeError:
-        return {"base64": base64.b64encode(b).decode("ascii")}
-
-
-def _digest(raw: Any) -> dict[str, Any]:
-    return {"len": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
-
-
-def json_value(number: int, raw: Any, version: int = MAX_VERSION) -> Any:
-    """An attribute value as JSON: typed, file data as length and sha256; raw when ``version`` does not define it."""
-    spec = attribute_spec(number, version)
-    if spec is None:
-        return {"base64": base64.b64encode(bytes(raw)).decode("ascii")}
-    if number == _A["data"]:
-        return _digest(raw)
-    value = decode_value(spec.kind, memoryview(raw))
-    if spec.kind == "uuid":
-        return str(value)
-    if spec.kind == "timespec":
-        return {"sec": value.sec, "nsec": value.nsec}
-    if spec.kind in ("string", "bytes"):
-        return json_bytes(value)
-    return value
-
-
-def json_object(cmd: Command, stream: int) -> dict[str, Any]:
-    """One command as a JSON-ready dict: offset, index, name, typed attributes (as the
-    version of the stream it is in defines them: a restart may change it)."""
-    version = cmd.version
-    obj: dict[str, Any] = {
-        "offset": cmd.offset,
-        "index": cmd.index,
-        "stream": stream,
-        "version": version,
-        "command": cmd.name,
-    }
-    if cmd.attributes is None:
-        obj["payload"] = _digest(cmd.payload or b"")
-    else:
-        obj["attributes"] = {attribute_name(t, version): json_value(t, v, version) for t, v in cmd.attributes}
-    return obj
-
-
-def json_line(cmd: Command, stream: int) -> bytes:
-    return json.dumps(json_object(cmd, stream), separators=(",", ":")).encode() + b"\n"
-
-
 def dump(
     source: StreamSource,
     out: BinaryIO,
@@ -352,6 +296,8 @@ def dump(
     stream's version; problems go to ``warn`` as they are found. ``backend`` reads, checks and
     prints (the default one without it)."""
     text = TextDumper(style=style, raw_xattr_data=raw_xattr_data)
+    if as_json:
+        from .jsonlines import json_line  # loaded only for JSON: text costs no json/hashlib start-up
     with FramedInput(source, strict=strict, max_command_size=max_command_size, warn=warn, backend=backend) as stream:
         batch = None if as_json else text.native_batch(out, stream.framer.backend)
         try:

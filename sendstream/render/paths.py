@@ -11,7 +11,8 @@ from ..analysis.resolve import CommandPaths, resolve
 from ..analysis.statistics import Statistics
 from ..codec.backend import Backend
 from ..io.framed import FramedInput, StreamSource, Warn
-from .dump import escape, json_bytes
+from .dump import escape
+from .jsonlines import json_bytes
 
 
 def _name(raw: bytes | None) -> bytes:
