@@ -42,6 +42,14 @@ class UsageError(SendStreamError):
     exit_code = EXIT_USAGE
 
 
+class BadPolicy(UsageError):
+    """A retention setting that does not parse: which ``setting``, its ``value``, what was ``expected``."""
+
+    def __init__(self, setting: str, value: object, expected: str) -> None:
+        super().__init__(f"{setting} = {value!r}: expected {expected}")
+        self.setting, self.value, self.expected = setting, value, expected
+
+
 class AttributeNotFound(UsageError, KeyError):
     """``Command.get`` of an attribute the command does not have, or a name no attribute has;
     ``has`` lists the attributes the command has. A :class:`KeyError`, as a mapping's would be."""

@@ -22,6 +22,7 @@ TOOLS = {p.stem for p in (PACKAGE.parent / "tools").glob("*.py")} - set(sys.stdl
 # Bottom to top. A module may import its own floor and the floors below it, never a floor above.
 FLOORS = [
     {"errors"},
+    {"retention"},
     {"format"},
     {"codec"},
     {"io"},
