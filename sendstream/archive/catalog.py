@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import errors as e
+from ..retention import Policy, schedule, snapshot_time
 from ..transfer.identity import Made, check_identity, checked_integer, load_json, printable, short_json
 from ..transfer.stored import MANIFEST_FORMAT, stream_name
 from .seal import CIPHER, SEGMENT, opened_size
@@ -359,10 +360,10 @@ def chain_to(found: list[Entry], subvolume: str, location: Location) -> list[Ent
     return chain[::-1]
 
 
-def keeping(keep_last: int | None, since: str | None) -> None:
+def keeping(keep_last: int | None, since: str | None, policy: Policy | None = None) -> None:
     """Refuse a prune that says nothing of what to keep, or a date that is none."""
-    if keep_last is None and since is None:
-        raise e.UsageError("say what to keep: --keep-last N or --keep-since DATE")
+    if keep_last is None and since is None and policy is None:
+        raise e.UsageError("say what to keep: --keep-last N, --keep-since DATE or --preserve POLICY")
     if since is not None:
         try:
             datetime.datetime.fromisoformat(since)
@@ -375,18 +376,23 @@ def plan_prune(
     keep_last: int | None = None,
     since: str | None = None,
     problems: list[e.BadManifest] | None = None,
+    policy: Policy | None = None,
+    now: datetime.datetime | None = None,
 ) -> tuple[list[Entry], list[Entry]]:
     """What to keep and what may go: the last ``keep_last`` streams stored (and those stored at or after
-    ``since``, an ISO date), with every stream a kept one builds on, up to its full stream; both by age.
+    ``since``, an ISO date, and what ``policy`` keeps at ``now`` by the time each snapshot's name says:
+    :func:`preserved`), with every stream a kept one builds on, up to its full stream; both by age.
 
     What cannot be placed is kept, and so is what it builds on: streams in or on a circle of parents
     (added to ``problems``), and the parents that the names of the bad manifests in ``problems`` say
     (such a manifest may be a kept stream's, damaged)."""
-    keeping(keep_last, since)
+    keeping(keep_last, since, policy)
     ordered = sorted(found, key=lambda x: (x.stored, x.ctransid, x.name))
     wanted = set(ordered[max(0, len(ordered) - keep_last) :] if keep_last else [])
     if since is not None:
         wanted.update(x for x in ordered if x.stored >= since)
+    if policy is not None:
+        wanted.update(preserved(ordered, policy, now or datetime.datetime.now(datetime.UTC)))
     circles: list[e.BadManifest] = []
     placed = {x.name for tree in chains(found, circles) for _, x in tree}
     wanted.update(x for x in found if x.name not in placed)
@@ -403,6 +409,20 @@ def plan_prune(
     if problems is not None:
         problems += circles
     return [x for x in ordered if x in wanted], [x for x in ordered if x not in wanted]
+
+
+def preserved(found: list[Entry], policy: Policy, now: datetime.datetime) -> set[Entry]:
+    """The streams ``policy`` keeps at ``now``, subvolume by subvolume, by the time each snapshot's name
+    says (btrbk's ``NAME.YYYYMMDDTHHMM``); a stream whose name says no time is kept: it cannot be placed."""
+    timeless: set[Entry] = set()
+    by_subvolume: dict[str, list[tuple[Entry, datetime.datetime]]] = {}
+    for entry in found:
+        said = snapshot_time(entry.snapshot.rpartition("/")[2], policy)
+        if said is None:
+            timeless.add(entry)
+        else:
+            by_subvolume.setdefault(said[0], []).append((entry, said[1]))
+    return timeless.union(d.key for items in by_subvolume.values() for d in schedule(items, now, policy) if d.keep)
 
 
 def remove(s3: BucketClient, location: Location, entry: Entry) -> None:

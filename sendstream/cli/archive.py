@@ -178,13 +178,47 @@ def archive_ls(url: str, as_json: bool, endpoint_url: str | None) -> None:
 @click.argument("url", metavar="s3://BUCKET/PREFIX")
 @click.option("--keep-last", type=click.IntRange(1), default=None, help="Keep the last N snapshots stored.")
 @click.option("--keep-since", "since", metavar="DATE", default=None, help="Keep those stored on or after DATE (ISO).")
+@click.option(
+    "--preserve",
+    metavar="POLICY",
+    default=None,
+    help='Keep what this btrbk preserve policy keeps ("14d 10w *m"), by the time in each snapshot\'s name.',
+)
+@click.option(
+    "--preserve-min",
+    metavar="AGE",
+    default=None,
+    help="With --preserve: keep everything younger (2d), or all, latest (the default), no.",
+)
+@click.option("--preserve-day-of-week", metavar="DAY", default="sunday", show_default=True, help="Weeks start on DAY.")
+@click.option(
+    "--preserve-hour-of-day", type=click.IntRange(0, 23), default=0, show_default=True, help="Days start at this hour."
+)
 @click.option("--dry-run", is_flag=True, help="Only say what would go.")
 @endpoint_option
-def archive_prune(url: str, keep_last: int | None, since: str | None, dry_run: bool, endpoint_url: str | None) -> None:
+def archive_prune(
+    url: str,
+    keep_last: int | None,
+    since: str | None,
+    preserve: str | None,
+    preserve_min: str | None,
+    preserve_day_of_week: str,
+    preserve_hour_of_day: int,
+    dry_run: bool,
+    endpoint_url: str | None,
+) -> None:
     """Delete old streams, never one that a kept snapshot needs (its parent, up to its full stream)."""
     from ..archive.catalog import keeping
+    from ..retention import policy
 
-    keeping(keep_last, since)  # before the store is asked anything
+    if preserve is None and preserve_min is not None:
+        raise e.UsageError("--preserve-min goes with --preserve POLICY")
+    kept_by = (
+        None
+        if preserve is None
+        else policy(preserve, preserve_min, day_of_week=preserve_day_of_week, hour_of_day=preserve_hour_of_day)
+    )
+    keeping(keep_last, since, kept_by)  # before the store is asked anything
     problems: list[e.BadManifest] = []
 
     def said(entry: Entry) -> None:
@@ -192,7 +226,9 @@ def archive_prune(url: str, keep_last: int | None, since: str | None, dry_run: b
             printable(f"{'would delete' if dry_run else 'deleted'} {entry.name}  {size(entry.size)}  {entry.stored}")
         )
 
-    kept, dropped = bucket(url, endpoint_url).prune(keep_last, since, problems, dry_run=dry_run, each=said)
+    kept, dropped = bucket(url, endpoint_url).prune(
+        keep_last, since, problems, dry_run=dry_run, each=said, policy=kept_by
+    )
     gone = sum(x.size for x in dropped)
     verb = "would go" if dry_run else "deleted"
     click.echo(f"sendstream: {len(kept)} kept, {len(dropped)} {verb} ({size(gone)})", err=True)

@@ -30,7 +30,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "sendstream restore s3://backups/host1/UUID -o chain.stream",
     ),
     "archive ls": ("sendstream archive ls s3://backups/host1", "sendstream archive ls --json s3://backups/host1"),
-    "archive prune": ("sendstream archive prune s3://backups/host1 --keep-last 14 --dry-run",),
+    "archive prune": (
+        "sendstream archive prune s3://backups/host1 --keep-last 14 --dry-run",
+        'sendstream archive prune s3://backups/host1 --preserve "14d 10w *m" --dry-run',
+    ),
     "receive": (
         "sendstream receive --listen '*:7000' --key psk.key --exec 'btrfs receive /mnt/backup'",
         "sendstream receive --listen '*:7000' --key psk.key --exec 'zstd -d | btrfs receive /mnt/backup'",

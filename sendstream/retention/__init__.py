@@ -11,7 +11,7 @@ and what a caller pins (the newest common parent of a target) are kept too.
 Pure: the clock is the caller's ``now``; nothing here reads the time or a disk.
 """
 
-from .policy import ALL, KEEP_ALL, Minimum, Policy, parse_minimum, parse_preserve, policy
+from .policy import ALL, KEEP_ALL, Minimum, Policy, parse_minimum, parse_preserve, policy, snapshot_time
 from .schedule import Decision, keep_closure, schedule
 
 __all__ = [
@@ -25,4 +25,5 @@ __all__ = [
     "parse_preserve",
     "policy",
     "schedule",
+    "snapshot_time",
 ]

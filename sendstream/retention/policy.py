@@ -129,3 +129,30 @@ def policy(
         hour_of_day,
         tz,
     )
+
+
+_NAMED = re.compile(
+    r"(?P<base>.+)\.(?P<date>\d{8})(?:[tT](?P<hm>\d{4})(?:(?P<s>\d{2})(?P<zone>[zZ]|[+-]\d{4})?)?)?(?:_\d+)?"
+)
+
+
+def snapshot_time(name: str, policy: Policy = KEEP_ALL) -> tuple[str, datetime.datetime] | None:
+    """The subvolume and time a btrbk-style snapshot name says (``home.20261204T0130``, ``home.20261204``,
+    ``home.20261204T013000+0100``, each with an optional ``_N``), in ``policy``'s time zone unless the name
+    gives an offset; ``None`` for a name that says no time. A date alone is taken at the policy's
+    ``hour_of_day``, the start of its day (as btrbk takes its short format)."""
+    m = _NAMED.fullmatch(name)
+    if m is None:
+        return None
+    hm, zone = m.group("hm"), m.group("zone")
+    text = m.group("date") + (f"{hm}{m.group('s') or '00'}" if hm else f"{policy.hour_of_day:02d}0000")
+    try:
+        naive = datetime.datetime.strptime(text, "%Y%m%d%H%M%S")
+    except ValueError:
+        return None  # 20261340: digits, not a date
+    if zone:
+        offset = datetime.timedelta(hours=int(zone[1:3]), minutes=int(zone[3:5])) if zone not in "zZ" else None
+        tz: datetime.tzinfo = datetime.timezone(-offset if zone[0] == "-" else offset) if offset else datetime.UTC
+        return m.group("base"), naive.replace(tzinfo=tz)
+    local = naive.replace(tzinfo=policy.tz) if policy.tz is not None else naive.astimezone()
+    return m.group("base"), local

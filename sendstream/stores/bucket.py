@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -13,6 +14,7 @@ from ..archive.seal import Sealer
 from ..archive.store import BucketClient, Location, connect
 from ..archive.upload import Archived, upload
 from ..io.framed import StreamSource
+from ..retention import Policy
 from ..session.receiver import SessionReceiver
 from .store import Sender, Snapshot, Store, Taken
 
@@ -124,10 +126,14 @@ class Bucket(Store):
         *,
         dry_run: bool = False,
         each: Callable[[Entry], object] = lambda entry: None,
+        policy: Policy | None = None,
+        now: datetime.datetime | None = None,
     ) -> tuple[list[Entry], list[Entry]]:
-        """The streams kept and those that go (:func:`~sendstream.archive.catalog.plan_prune`), never one a
-        kept snapshot needs; each that goes is deleted (not with ``dry_run``), then told to ``each``."""
-        kept, dropped = plan_prune(archived(self.client, self.location, problems), keep_last, since, problems)
+        """The streams kept and those that go (:func:`~sendstream.archive.catalog.plan_prune`, with
+        ``policy`` at ``now``), never one a kept snapshot needs; each that goes is deleted (not with
+        ``dry_run``), then told to ``each``."""
+        found = archived(self.client, self.location, problems)
+        kept, dropped = plan_prune(found, keep_last, since, problems, policy, now)
         for entry in dropped:
             if not dry_run:
                 remove(self.client, self.location, entry)

@@ -4,6 +4,7 @@ real S3 server (SeaweedFS)."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import io
 import json
@@ -37,6 +38,7 @@ from sendstream.archive.seal import SEGMENT, Sealer, opened_size, sealed_size
 from sendstream.archive.store import BucketClient, Location
 from sendstream.archive.upload import upload
 from sendstream.codec.crc import crc32c
+from sendstream.retention import policy
 from sendstream.transfer.identity import Identity, stream_identity
 from sendstream.transfer.stored import manifest, stream_name
 
@@ -1000,3 +1002,62 @@ class _Answering:
 
     def get_object(self, **_: object) -> dict[str, object]:
         return {"Body": io.BytesIO(self._raw)}
+
+
+def _dated(n: int, when: datetime.datetime, parent: int | None = None, subvolume: str = "home") -> tuple[str, bytes]:
+    """The name and manifest of snapshot ``n`` of ``subvolume``, named for ``when`` as btrbk names it."""
+    identity: Identity = {
+        "version": 2, "command": "snapshot" if parent else "subvol", "uuid": _uuid(n), "ctransid": n,
+        "parent_uuid": _uuid(parent) if parent else None, "parent_ctransid": parent,
+        "prefix": 0, "sha256": "0" * 64,
+    }  # fmt: skip
+    name = stream_name(identity)
+    note = manifest(
+        identity, size=100, sha256="0" * 64, commands=1, ledger="0", objects=[{"key": name, "size": 100}],
+        stored="2020-01-01T00:00:00+00:00", host="forged", snapshot=f"{subvolume}.{when:%Y%m%dT%H%M%S}Z",
+    )  # fmt: skip
+    return name, note
+
+
+def test_a_preserve_policy_keeps_by_the_time_in_each_snapshots_name() -> None:
+    """Daily snapshots of two subvolumes over 40 days, each a full stream every 10 days and otherwise an
+    incremental on the day before; planned at a fixed now with "3d 2w": by the snapshots' own times
+    (all were stored at once), subvolume by subvolume, with every chain a kept one needs."""
+    now = datetime.datetime(2026, 12, 4, 12, 0, tzinfo=datetime.UTC)  # a Friday
+    found = []
+    for base, subvolume in ((0, "home"), (100, "var")):
+        for day in range(40):
+            n = base + day + 1
+            when = now - datetime.timedelta(days=39 - day, hours=11)  # 01:00 each day
+            name, note = _dated(n, when, None if day % 10 == 0 else n - 1, subvolume)
+            found.append(read_manifest(cast(BucketClient, _Answering(note)), Location("b"), f"{name}.json"))
+    p = policy("3d 2w", "no", tz=datetime.UTC)
+    kept, dropped = plan_prune(found, policy=p, now=now)
+    for base in (0, 100):
+        days = sorted(x.ctransid - base - 1 for x in kept if base < x.ctransid <= base + 40)
+        # 3d: days 36-39 (Dec 1-4, 0-3 days ago); 2w: the first of the weeks 0-2 weeks ago, from Sundays
+        # Nov 29, 22 and 15 (days 34, 27, 20); and their chains back to the full streams of days 20 and 30.
+        # Days 28 and 29 go: no kept one builds on them
+        assert days == [*range(20, 28), *range(30, 40)], days
+    assert len(dropped) == 44 and all((x.ctransid % 100) - 1 in (*range(20), 28, 29) for x in dropped)
+    wide = plan_prune(found, policy=policy("3d 2w 2m", "no", tz=datetime.UTC), now=now)[0]
+    assert len(wide) > len(kept)  # November's and October's firsts, with theirs
+
+
+def test_prune_takes_a_preserve_policy_and_names_a_bad_one(store: Store) -> None:
+    bucket, client = store.bucket(), store.client()
+    now = datetime.datetime.now(datetime.UTC)
+    ages = {1: 40, 2: 20, 3: 10, 4: 2}  # days; 4 is an incremental on 2
+    for n, days in ages.items():
+        name, note = _dated(n, now - datetime.timedelta(days=days), 2 if n == 4 else None)
+        client.put_object(Bucket=bucket, Key=f"r/{name}.json", Body=note)
+        client.put_object(Bucket=bucket, Key=f"r/{name}", Body=b"\0" * 100)
+    dry = run(store, "archive", "prune", f"s3://{bucket}/r", "--preserve", "7d", "--preserve-min", "no", "--dry-run")
+    assert dry.returncode == 0 and b"2 kept, 2 would go" in dry.stderr, dry.stderr
+    gone = [line.split()[2] for line in dry.stdout.decode().splitlines()]
+    assert sorted(gone) == sorted(_dated(n, now)[0] for n in (1, 3))
+    bad = run(store, "archive", "prune", f"s3://{bucket}/r", "--preserve", "7d 3d")
+    assert bad.returncode == 2 and b"preserve = '7d 3d': expected each unit once ('d' is given twice)" in bad.stderr
+    alone = run(store, "archive", "prune", f"s3://{bucket}/r", "--preserve-min", "2d")
+    assert alone.returncode == 2 and b"--preserve-min goes with --preserve POLICY" in alone.stderr
+    assert len(entries(client, Location(bucket, "r/"))) == 4  # nothing was deleted

@@ -11,7 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sendstream import errors as e
-from sendstream.retention import ALL, KEEP_ALL, Minimum, Policy, parse_minimum, parse_preserve, policy, schedule
+from sendstream.retention import (
+    ALL,
+    KEEP_ALL,
+    Minimum,
+    Policy,
+    parse_minimum,
+    parse_preserve,
+    policy,
+    schedule,
+    snapshot_time,
+)
 
 UTC = dt.UTC
 BERLIN = zoneinfo.ZoneInfo("Europe/Berlin")  # days of 23 and 25 hours
@@ -234,3 +244,21 @@ def test_nothing_a_kept_one_builds_on_and_nothing_pinned_is_let_go(
         assert parents[k] is None or parents[k] in keep
     plain = {d.key for d in schedule(list(enumerate(runs)), runs[-1], p) if d.keep}
     assert plain <= keep  # closure only adds
+
+
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        ("home.20261204T0130", ("home", at("2026-12-04T01:30", BERLIN))),
+        ("home.20261204", ("home", at("2026-12-04T06:00", BERLIN))),  # a date alone: at the hour days start
+        ("home.20261204T013000+0100", ("home", at("2026-12-04T00:30"))),
+        ("home.20261204T013000Z", ("home", at("2026-12-04T01:30"))),
+        ("a.b.20261204T0130_2", ("a.b", at("2026-12-04T01:30", BERLIN))),
+        ("home", None),
+        ("home.20261340", None),  # digits, but no date
+        ("home.2026120", None),
+        ("home.20261204T01", None),
+    ],
+)
+def test_snapshot_names_say_their_time_as_btrbk_writes_it(name: str, said: tuple[str, dt.datetime] | None) -> None:
+    assert snapshot_time(name, policy("1d", hour_of_day=6, tz=BERLIN)) == said
