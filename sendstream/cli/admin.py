@@ -172,4 +172,7 @@ def list_held(connect: Callable[[], Channel], as_json: bool) -> None:
             click.echo(json.dumps(s, sort_keys=True))
             continue
         parent = f"from {s.get('parent_uuid')}.{s.get('parent_ctransid')}" if s.get("parent_uuid") else "full"
-        click.echo(printable(f"{s.get('uuid')}.{s.get('ctransid')} {parent} {s.get('name')}"))
+        line = f"{s.get('uuid')}.{s.get('ctransid')} {parent} {s.get('name')}"
+        if s.get("snapshot") not in (None, s.get("name")):  # a stored stream's file is named by what it is
+            line += f" snapshot {s.get('snapshot')}"
+        click.echo(printable(line + (f" arrived {s.get('arrived')}" if s.get("arrived") else "")))

@@ -108,8 +108,9 @@ class Bucket(Store):
 
     def _snapshots(self) -> list[Snapshot]:
         return [
-            {"name": x.name, "uuid": x.uuid, "ctransid": x.ctransid, "parent_uuid": x.parent[0] if x.parent else None,
-             "parent_ctransid": x.parent[1] if x.parent else None, "size": x.size, "stored": x.stored}
+            {"name": x.name, "snapshot": x.snapshot or None, "uuid": x.uuid, "ctransid": x.ctransid,
+             "parent_uuid": x.parent[0] if x.parent else None, "parent_ctransid": x.parent[1] if x.parent else None,
+             "size": x.size, "stored": x.stored, "arrived": x.stored}
             for x in entries(self.client, self.location)
         ]  # fmt: skip
 

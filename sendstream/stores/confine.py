@@ -83,7 +83,8 @@ _TREE_SEARCH = 0xD0009411  # BTRFS_IOC_TREE_SEARCH: _IOWR(0x94, 17, struct btrfs
 _SEARCH_KEY = struct.Struct("<7Q3I36x")  # btrfs_ioctl_search_key: tree, objectid, offset, transid ranges, types, count
 _SEARCH_HEADER = struct.Struct("<QQQII")  # btrfs_ioctl_search_header: transid, objectid, offset, type, len
 _ROOT_ITEM = struct.Struct("<160xQ40xQ")  # btrfs_root_item: generation, flags
-_ROOT_ITEM_UUIDS = struct.Struct("<239xQ16s16s16s16xQ")  # generation_v2, uuid, parent_uuid, received_uuid, stransid
+# generation_v2, uuid, parent_uuid, received_uuid, stransid; rtime's seconds and nanoseconds (when it was received)
+_ROOT_ITEM_UUIDS = struct.Struct("<239xQ16s16s16s16xQ44xQI")
 _ROOT_ITEM_SIZE = 439  # a root item with UUIDs (since Linux 3.6)
 _ROOT_REF = struct.Struct("<Q8xH")  # btrfs_root_ref: dirid, sequence, name_len; the name follows
 _ROOT_TREE, _ROOT_ITEM_KEY, _ROOT_BACKREF_KEY = 1, 132, 144
@@ -95,7 +96,7 @@ _NOT_OURS = "is not this client's"
 _UNIQUE = "a UUID no subvolume outside this client's place has"
 
 
-_RootItem = tuple[UUID | None, UUID | None, UUID | None, int, bool]
+_RootItem = tuple[UUID | None, UUID | None, UUID | None, int, float | None, bool]
 
 
 class Refused(e.FormatError):
@@ -115,6 +116,7 @@ class Subvolume:
     parent_uuid: UUID | None
     received_uuid: UUID | None
     send_transid: int
+    received_at: float | None  # when ``btrfs receive`` finished it (the root item's rtime, seconds since the epoch)
     readonly: bool
     parent_id: int
     dirid: int
@@ -241,15 +243,15 @@ def subvolumes_of(
 
 
 def _root_item(data: bytes) -> _RootItem:
-    """A root item's UUID, parent UUID, received UUID, send transid and read-only flag."""
+    """A root item's UUID, parent UUID, received UUID, send transid, receive time and read-only flag."""
     generation, flags = _ROOT_ITEM.unpack_from(data)
     readonly = bool(flags & _READONLY)
     # older than UUIDs, or an old kernel wrote it since (it keeps generation_v2 as it was): no UUIDs
     if len(data) < _ROOT_ITEM_SIZE or _ROOT_ITEM_UUIDS.unpack_from(data)[0] != generation:
-        return None, None, None, 0, readonly
-    _, *raw, send_transid = _ROOT_ITEM_UUIDS.unpack_from(data)
+        return None, None, None, 0, None, readonly
+    _, *raw, send_transid, seconds, nanoseconds = _ROOT_ITEM_UUIDS.unpack_from(data)
     found, parent, received = (UUID(bytes=r) if any(r) else None for r in raw)
-    return found, parent, received, send_transid, readonly
+    return found, parent, received, send_transid, (seconds + nanoseconds / 1e9) if seconds else None, readonly
 
 
 def _search(fd: int, first: int, last: int) -> Iterator[tuple[int, int, int, bytes]]:

@@ -60,12 +60,18 @@ class FilePlace(Store):
                         note = json.loads(f.read(MAX_MANIFEST))
                     stream = note["stream"]
                     out.append(
-                        {"name": entry.name[: -len(".json")], **{k: stream.get(k) for k in _FIELDS},
-                         "size": note.get("size"), "stored": note.get("stored")}
+                        {"name": entry.name[: -len(".json")], "snapshot": _text(note.get("snapshot")),
+                         **{k: stream.get(k) for k in _FIELDS}, "size": note.get("size"),
+                         "stored": note.get("stored"), "arrived": note.get("stored")}
                     )  # fmt: skip
                 except (OSError, ValueError, KeyError, TypeError, AttributeError):
                     continue  # not one of ours, or being written: not held
         return out
+
+
+def _text(value: Any) -> str | None:
+    """A manifest's string (a snapshot's name), or None (an older manifest has none, or it was not said)."""
+    return value if isinstance(value, str) and value else None
 
 
 class _Placing(Sink):
@@ -203,9 +209,10 @@ def _named(place: OutputDirectory, hidden: str, sender: Sender, ledger: Ledger, 
         name = stream_name(identity)
         shown = os.path.join(os.path.dirname(place.path), name)
         sha256 = taken.digest.hexdigest()
+        snapshot = snapshot_name(prefix)
         record = manifest(
             identity, size=size, sha256=sha256, commands=ledger.commands, ledger=ledger.digest(),
-            client=sender.identity, peer=sender.peer,
+            client=sender.identity, peer=sender.peer, snapshot=snapshot,
         )  # fmt: skip
         with place.locked():  # another transfer of this name waits until ours is named (or refused)
             already = place.lstat(name) is not None
@@ -225,7 +232,6 @@ def _named(place: OutputDirectory, hidden: str, sender: Sender, ledger: Ledger, 
                 place.sync()
     finally:
         os.close(fd)
-    snapshot = snapshot_name(prefix)
     return Taken(name, size, (snapshot,) if snapshot else (), already)
 
 

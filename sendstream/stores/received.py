@@ -18,7 +18,7 @@ from ..transfer.ledger import Ledger
 from ..transfer.progress import NONE, Progress
 from ..transfer.sinks import ChildSink, Data, Sink
 from .confine import UuidGuard, leftover, placed
-from .store import MAX_HELD, Sender, Snapshot, Store, Taken, incoming_name, named
+from .store import MAX_HELD, Sender, Snapshot, Store, Taken, incoming_name, named, when
 
 
 class ReceivePlace(Store):
@@ -50,13 +50,16 @@ class ReceivePlace(Store):
         out = []
         for name, s in list(received.items())[:MAX_HELD]:
             parent = by_uuid.get(s.parent_uuid)
+            shown = named(os.fsencode(name))
             out.append(
                 {
-                    **named(os.fsencode(name)),
+                    **shown,
+                    "snapshot": shown["name"],
                     "uuid": str(s.received_uuid),
                     "ctransid": s.send_transid,
                     "parent_uuid": str(parent.received_uuid) if parent else None,
                     "parent_ctransid": parent.send_transid if parent else None,
+                    "arrived": when(s.received_at),
                 }
             )
         return out

@@ -11,10 +11,14 @@ manifests in a directory, :mod:`.files`), a ``btrfs receive`` place
 (:mod:`.received`) and a bucket (the archive, :mod:`.bucket`).
 
 Each snapshot held is one dict: ``name`` (in the place; see :func:`named`
-for a name that is not UTF-8), ``uuid`` and ``ctransid`` (of the sender's
-subvolume), ``parent_uuid`` and ``parent_ctransid`` (None for a full
-stream, or where the parent is gone), and for a stored stream its ``size``
-and when it was ``stored``.
+for a name that is not UTF-8), ``snapshot`` (the snapshot's own name, as
+its stream's first command says it: a received place's name, a stored
+stream's from its manifest; None where that is not known), ``uuid`` and
+``ctransid`` (of the sender's subvolume), ``parent_uuid`` and
+``parent_ctransid`` (None for a full stream, or where the parent is gone),
+``arrived`` (when it was stored or received, ISO 8601 UTC; None where the
+place does not know), and for a stored stream its ``size`` and when it was
+``stored``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import abc
 import base64
 import dataclasses
+import datetime
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -147,6 +152,13 @@ class Store(abc.ABC):
 def incoming_name(identity: Identity) -> str:
     """The hidden name a session's stream is journaled under in its place, until it is whole."""
     return f".{stream_name(identity)}.incoming"
+
+
+def when(seconds: float | None) -> str | None:
+    """A time as the list says it: ISO 8601 in UTC, to the second."""
+    if seconds is None:
+        return None
+    return datetime.datetime.fromtimestamp(int(seconds), datetime.UTC).isoformat(timespec="seconds")
 
 
 def named(raw: bytes) -> dict[str, str]:

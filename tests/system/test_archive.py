@@ -461,10 +461,11 @@ def test_the_service_stores_a_clients_streams_in_its_bucket(store: Store, tmp_pa
             log = proc.stderr.read().decode()  # type: ignore[union-attr]
     assert all(r.returncode == 0 for r in sent), [r.stderr for r in sent]
     f, i = (stream_identity(p.read_bytes()) for p in (full, incr))
-    assert listed.stdout.decode().splitlines() == sorted(
+    assert [line.rpartition(" arrived ")[0] for line in listed.stdout.decode().splitlines()] == sorted(
         [
-            f"{f['uuid']}.{f['ctransid']} full {name_of(full.read_bytes())}",
-            f"{i['uuid']}.{i['ctransid']} from {f['uuid']}.{f['ctransid']} {name_of(incr.read_bytes())}",
+            f"{f['uuid']}.{f['ctransid']} full {name_of(full.read_bytes())} snapshot rich_base",
+            f"{i['uuid']}.{i['ctransid']} from {f['uuid']}.{f['ctransid']} {name_of(incr.read_bytes())}"
+            " snapshot rich_incr",
         ]
     ), listed
     back = run(store, "restore", f"s3://{bucket}/alpha/{i['uuid']}", "-o", "-")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import datetime
 import hashlib
 import io
 import json
@@ -146,6 +147,8 @@ def test_many_clients_at_once_while_others_attack(tmp_path: Path) -> None:
         assert result.returncode == 0 and sorted(s["name"] for s in snapshots) == sorted([name_of(FULL), name_of(INCR)])
         incr = next(s for s in snapshots if s["name"] == name_of(INCR))
         assert incr["parent_uuid"] == stream_identity(FULL.read_bytes())["uuid"] and incr["parent_ctransid"] == 7
+        assert sorted(s["snapshot"] for s in snapshots) == ["rich_base", "rich_incr"]  # the snapshots' own names
+        assert all(s["arrived"] == s["stored"] for s in snapshots)
     log = events(proc)
     assert proc.returncode == 0
     assert sum(e["event"] == "stored" for e in log) == len(jobs)
@@ -588,7 +591,7 @@ def test_into_btrfs_receive_each_client_is_confined_to_its_own_subvolumes(tmp_pa
         with service(config, port) as proc:
             results = [send(port, tmp_path, "alpha", FULL), send(port, tmp_path, "alpha", INCR)]
             refused = {name: send(port, tmp_path, "beta", path) for name, path in files.items()}
-            alpha, beta = (send(port, tmp_path, c, FULL, "--list").stdout.decode().splitlines() for c in CLIENTS[:2])
+            (alpha, ages), (beta, _) = (_arrivals(send(port, tmp_path, c, FULL, "--list").stdout) for c in CLIENTS[:2])
         for stream in (FULL, INCR):
             subprocess.run(
                 ["btrfs", "receive", "-f", str(stream), str(mnt / "direct")], capture_output=True, check=True
@@ -610,6 +613,7 @@ def test_into_btrfs_receive_each_client_is_confined_to_its_own_subvolumes(tmp_pa
         assert not (mnt / "outside").exists()
         full, incr = f"{full_uuid}.7", f"{stream_identity(INCR.read_bytes())['uuid']}.9"
         assert alpha == [f"{full} full rich_base", f"{incr} from {full} rich_incr"]
+        assert all(-2 < age < 600 for age in ages), ages  # btrfs's own time of each receive (the rtime)
         assert beta == []
         log = events(proc)
         assert sum(e["event"] == "received" for e in log) == 2
@@ -657,13 +661,13 @@ def test_into_btrfs_receive_a_name_is_data(tmp_path: Path) -> None:
         assert other.returncode == 0, other.stderr
         assert sorted(os.listdir(os.fsencode(mnt / "beta"))) == sorted(ODD_NAMES)
     shown = ["caf\\xe9", ODD_NAMES[1].decode().replace("\n", "\\n").replace("\x1b", "\\x1b")]
-    assert listed.stdout.decode().splitlines() == [f"{u}.3 full {n}" for u, n in zip(uuids, shown, strict=True)]
+    assert _arrivals(listed.stdout)[0] == [f"{u}.3 full {n}" for u, n in zip(uuids, shown, strict=True)]
     snapshots = [json.loads(line) for line in as_json.stdout.decode().splitlines()]
     assert [(s["name"], s.get("name_base64")) for s in snapshots] == [
         (shown[0], base64.b64encode(ODD_NAMES[0]).decode()),  # not UTF-8: its bytes in base64 beside
         (ODD_NAMES[1].decode(), None),  # UTF-8: the name itself, its control characters escaped by JSON
     ]
-    assert alpha.stdout.decode().splitlines()[0].endswith(" rich_base"), alpha.stderr
+    assert _arrivals(alpha.stdout)[0][0].endswith(" rich_base"), alpha.stderr
     series = {
         s.labels["subvolume"]
         for family in prom.text_string_to_metric_families(scraped)
@@ -1014,6 +1018,16 @@ def test_a_plain_receiver_has_no_list_to_give(tmp_path: Path) -> None:
         "sendstream: error: the receiver refused: this receiver keeps no snapshots to list: "
         "--list asks a sendstream serve"
     )
+
+
+def _arrivals(output: bytes) -> tuple[list[str], list[float]]:
+    """``send --list``'s lines without their ``arrived TIME`` and how many seconds ago each TIME is."""
+    lines, ages = [], []
+    for line in output.decode().splitlines():
+        said, _, when = line.rpartition(" arrived ")
+        lines.append(said)
+        ages.append(time.time() - datetime.datetime.fromisoformat(when).timestamp())
+    return lines, ages
 
 
 @contextlib.contextmanager
