@@ -57,7 +57,10 @@ def test_a_file_place_holds_what_its_manifests_say_by_name(tmp_path: Path) -> No
     that is not JSON, and one of another shape are not."""
     for path in (INCR, FULL):
         size = path.stat().st_size
-        note = manifest(_identity(path), size=size, sha256="0" * 64, commands=1, ledger="0", client="a", peer="p")
+        snapshot = {"snapshot": "rich_base"} if path == FULL else {}  # an older manifest does not say it
+        note = manifest(
+            _identity(path), size=size, sha256="0" * 64, commands=1, ledger="0", client="a", peer="p", **snapshot
+        )
         (tmp_path / (stream_name(_identity(path)) + ".json")).write_bytes(note)
     (tmp_path / ".hidden.stream.json").write_bytes(note)
     (tmp_path / "torn.stream.json").write_bytes(note[:20])
@@ -69,7 +72,11 @@ def test_a_file_place_holds_what_its_manifests_say_by_name(tmp_path: Path) -> No
     assert [s["name"] for s in held] == sorted(stream_name(i) for i in (full, incr))
     for snapshot in held:
         path, identity = (FULL, full) if snapshot["name"] == stream_name(full) else (INCR, incr)
-        assert set(snapshot) == {"name", "uuid", "ctransid", "parent_uuid", "parent_ctransid", "size", "stored"}
+        assert set(snapshot) == {
+            "name", "snapshot", "uuid", "ctransid", "parent_uuid", "parent_ctransid", "size", "stored", "arrived"
+        }  # fmt: skip
+        assert snapshot["snapshot"] == ("rich_base" if path == FULL else None)
+        assert snapshot["arrived"] == snapshot["stored"]
         assert (snapshot["uuid"], snapshot["ctransid"]) == (identity["uuid"], identity["ctransid"])
         assert (snapshot["parent_uuid"], snapshot["parent_ctransid"]) == (
             identity["parent_uuid"], identity["parent_ctransid"]
