@@ -250,6 +250,14 @@ CLIENT_SETTINGS = (
         "no two clients' lists may overlap",
     ),
     ("quota", "the most its store place may hold, in bytes or with K, M, G, T (powers of 1024); default: no bound"),
+    (
+        "preserve",
+        'after each of its transfers, keep only what this btrbk preserve policy keeps of its place ("14d 10w *m"), '
+        "by the time in each snapshot's name, and what kept streams build on; default: keep everything",
+    ),
+    ("preserve_min", "with preserve: keep everything younger than this age (2d), or all, latest (the default), no"),
+    ("preserve_day_of_week", "with preserve: the day weeks start on; default: sunday"),
+    ("preserve_hour_of_day", "with preserve: the hour days start at, 0 to 23; default: 0"),
 )
 
 

@@ -19,6 +19,8 @@
     key = "keys/db1.key"
     receive = "/mnt/backup/db1"     # btrfs receive into this directory (on btrfs)
     trusted = ["10.1.2.3"]          # may also send unencrypted (--tls none), from these addresses only
+    preserve = "14d 10w *m"         # after each transfer keep only this of its place (btrbk's syntax;
+    preserve_min = "2d"             # docs/reference/retention.md), by the time in each snapshot's name
 
 Where a client's streams land is decided here, from the identity the TLS
 handshake proved (or, unencrypted, from the trusted address the connection
@@ -44,7 +46,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..archive.store import BucketClient, Location, connect
-from ..errors import KeyFileError, UsageError
+from ..errors import BadPolicy, KeyFileError, UsageError
+from ..retention import Policy, policy
 from ..transfer.progress import parse_size
 from ..transport.address import Address
 from ..transport.tls import MODES
@@ -58,7 +61,8 @@ _INTEGERS = {"max_transfers": (1, 4096, 16), "max_per_client": (1, 4096, 2)}
 _SECONDS = {"handshake_timeout": (0.1, 3600.0, 30.0), "idle_timeout": (0.0, 86400.0, 600.0)}
 _DAYS = {"journal_days": (0.0, 3650.0, 7.0)}
 _TOP = {"listen", "tls", "clients", *_INTEGERS, *_SECONDS, *_DAYS}
-_CLIENT = {"key", "store", "receive", "trusted", "quota"}
+_RETENTION = ("preserve", "preserve_min", "preserve_day_of_week", "preserve_hour_of_day")
+_CLIENT = {"key", "store", "receive", "trusted", "quota", *_RETENTION}
 # (lowest, highest, default) of each number; the manual page of this file shows them
 BOUNDS = {**_INTEGERS, **_SECONDS, **_DAYS}
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -87,6 +91,7 @@ class Client:
     receive: bool = False
     trusted: tuple[Network, ...] = ()  # where it may connect from without TLS
     quota: int | None = None  # bytes its place may hold (None: no bound)
+    preserve: Policy | None = None  # what of its place is kept after each transfer (None: everything)
 
     @property
     def archive(self) -> bool:
@@ -298,6 +303,7 @@ def _clients(
         place = _text(settings, kind, lines, name)
         trusted = _networks(settings.get("trusted", []), lines, name)
         quota = _quota(settings, lines, name)
+        preserve = _policy(settings, lines, name)
         if kind == "store" and place.startswith("s3://"):
             try:
                 place = Location.parse(place).url()  # the archive (the S3 endpoint and credentials: AWS_*)
@@ -308,7 +314,7 @@ def _clients(
                     lines.at(("clients", name), "quota"),
                     f"clients.{name}.quota: only for a directory, not a bucket (the store's own quotas bound those)",
                 )
-            clients[name] = Client(name, key, place, trusted=trusted)
+            clients[name] = Client(name, key, place, trusted=trusted, preserve=preserve)
             continue
         place = os.path.realpath(os.path.join(base, place))
         if not os.path.isdir(place):
@@ -317,10 +323,27 @@ def _clients(
             raise ConfigError(
                 lines.at(("clients", name), kind), f"clients.{name}.receive: {place!r} is on {fs}, not on btrfs"
             )
-        clients[name] = Client(name, key, place, kind == "receive", trusted, quota)
+        clients[name] = Client(name, key, place, kind == "receive", trusted, quota, preserve)
     _no_overlap(clients, lines)
     _one_client_per_address(clients, lines)
     return clients
+
+
+def _policy(settings: dict[str, Any], lines: _Lines, name: str) -> Policy | None:
+    """``preserve`` and the settings that go with it (btrbk's; docs/reference/retention.md), or None."""
+    if "preserve" not in settings:
+        if given := [key for key in _RETENTION if key in settings]:
+            raise ConfigError(lines.at(("clients", name), given[0]), f"clients.{name}.{given[0]}: goes with preserve")
+        return None
+    try:
+        return policy(
+            settings["preserve"],
+            settings.get("preserve_min"),
+            day_of_week=settings.get("preserve_day_of_week", "sunday"),
+            hour_of_day=settings.get("preserve_hour_of_day", 0),
+        )
+    except BadPolicy as exc:
+        raise ConfigError(lines.at(("clients", name), exc.setting), f"clients.{name}.{exc}") from None
 
 
 def _networks(value: Any, lines: _Lines, name: str) -> tuple[Network, ...]:

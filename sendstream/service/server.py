@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import os
 import socket
 import threading
@@ -28,7 +29,7 @@ from ..io.threads import started
 from ..session.connection import busy_answer, failure_status, tell
 from ..session.protocol import Listed, Status
 from ..session.receiver import Opening, SessionReceiver, open_connection
-from ..stores.store import Sender
+from ..stores.store import Sender, Store
 from ..transfer.journal import PART_SUFFIX
 from ..transfer.stored import stream_name
 from ..transport.address import listen
@@ -124,7 +125,10 @@ class Service:
     def _log_client(self, client: Client) -> None:
         kind = "receive" if client.receive else "store"
         trusted = {"trusted": ",".join(map(str, client.trusted))} if client.trusted else {}
-        self.log("client", client=client.identity, key=fingerprint(client.key), **{kind: client.place}, **trusted)
+        kept = {"preserve": str(client.preserve)} if client.preserve else {}
+        self.log(
+            "client", client=client.identity, key=fingerprint(client.key), **{kind: client.place}, **trusted, **kept
+        )
 
     def _reload_file(self) -> None:
         """:meth:`reload` the configuration's file; one that is wrong is logged, and the running one kept."""
@@ -315,6 +319,7 @@ class Service:
                 **resumed,
                 seconds=round(time.monotonic() - began, 3),
             )
+            self._retain(client, store, fields)
         except Exception as exc:
             if charge is not None and charge.exceeded and journal is not None:
                 remove(journal)  # the same stream again would pass the quota again
@@ -333,6 +338,21 @@ class Service:
             release()
             if session is not None:
                 session.close()
+
+    def _retain(self, client: Client, store: Store, fields: dict[str, Any]) -> None:
+        """Keep of ``client``'s place what its policy keeps, now, unless another transfer of its runs (its
+        parent must not go from under it; the next transfer's end prunes). The stream stored is already
+        told to its sender: a failure here is logged, not the transfer's."""
+        with self._lock:
+            if client.preserve is None or self._active.get(client.identity):
+                return
+        try:
+            retained = store.retain(client.preserve, datetime.datetime.fromtimestamp(self.clock(), datetime.UTC))
+        except Exception as exc:
+            self.log("failed", **fields, reason=f"keeping by its policy: {exc}")
+            return
+        if retained.dropped:
+            self.log("pruned", **fields, kept=len(retained.kept), deleted=list(retained.dropped))
 
     def _bucket(self) -> BucketClient:
         """The store's client: one for every transfer into a bucket (it is safe across threads)."""

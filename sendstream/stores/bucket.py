@@ -16,7 +16,7 @@ from ..archive.upload import Archived, upload
 from ..io.framed import StreamSource
 from ..retention import Policy
 from ..session.receiver import SessionReceiver
-from .store import Sender, Snapshot, Store, Taken
+from .store import Retained, Sender, Snapshot, Store, Taken
 
 
 class Bucket(Store):
@@ -140,6 +140,11 @@ class Bucket(Store):
                 remove(self.client, self.location, entry)
             each(entry)
         return kept, dropped
+
+    def retain(self, policy: Policy, now: datetime.datetime, *, dry_run: bool = False) -> Retained:
+        """:meth:`prune` by ``policy`` alone (a manifest that cannot be taken is kept, as prune keeps it)."""
+        kept, dropped = self.prune(None, None, [], dry_run=dry_run, policy=policy, now=now)
+        return Retained(tuple(x.name for x in kept), tuple(x.name for x in dropped))
 
 
 def _sealer(encrypt_key: bytes | None) -> Sealer | None:

@@ -4,6 +4,7 @@ with its manifest beside it; a name is stored once (the same bytes again are "al
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ from typing import Any, Self
 from .. import errors as e
 from ..endpoints.receiving import receive_into
 from ..io.outputs import OutputDirectory, OutputFile
+from ..retention import Policy
 from ..session.protocol import PREFIX_SIZE
 from ..session.receiver import SessionReceiver
 from ..transfer.identity import snapshot_name, stream_identity
@@ -23,7 +25,7 @@ from ..transfer.ledger import Ledger
 from ..transfer.progress import NONE, Progress
 from ..transfer.sinks import Data, Sink
 from ..transfer.stored import Unnamed, manifest, stream_name
-from .store import MAX_HELD, Sender, Snapshot, Store, Taken, incoming_name
+from .store import MAX_HELD, Retained, Sender, Snapshot, Store, Taken, incoming_name, retained
 
 MAX_MANIFEST = 64 << 10  # a manifest read for the list: more is not one of ours
 _FIELDS = ("uuid", "ctransid", "parent_uuid", "parent_ctransid")
@@ -48,6 +50,24 @@ class FilePlace(Store):
             receive_into(session, out, Progress("received", mode=NONE))
         assert out.taken is not None
         return out.taken
+
+    def retain(self, policy: Policy, now: datetime.datetime, *, dry_run: bool = False) -> Retained:
+        """Keep what ``policy`` keeps (:func:`~sendstream.stores.store.retained`: every stream a kept one
+        builds on, down to its full stream, too); delete each other stream, its manifest first (a stream
+        half deleted is no longer held)."""
+        held = sorted(self._snapshots(), key=lambda s: str(s["name"]))
+        making: dict[tuple[Any, Any], str] = {}  # a snapshot's stream (the first by name, if several make it)
+        for s in held:
+            making.setdefault((s["uuid"], s["ctransid"]), s["name"])
+        builds_on = [making.get((s["parent_uuid"], s["parent_ctransid"])) if s["parent_uuid"] else None for s in held]
+        kept, dropped = retained(
+            [(s["name"], s["snapshot"], parent) for s, parent in zip(held, builds_on, strict=True)], policy, now
+        )
+        for name in dropped if not dry_run else ():
+            for path in (name + ".json", name):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.place, path))
+        return Retained(tuple(kept), tuple(dropped))
 
     def _snapshots(self) -> list[Snapshot]:
         out: list[Snapshot] = []

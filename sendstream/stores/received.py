@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import shlex
 import subprocess
@@ -11,14 +12,16 @@ import uuid
 from types import TracebackType
 from typing import Self
 
+from .. import errors as e
 from ..endpoints.receiving import receive_into
+from ..retention import Policy
 from ..session.receiver import SessionReceiver
 from ..transfer.journal import PART_SUFFIX, Journal
 from ..transfer.ledger import Ledger
 from ..transfer.progress import NONE, Progress
 from ..transfer.sinks import ChildSink, Data, Sink
 from .confine import UuidGuard, leftover, placed
-from .store import MAX_HELD, Sender, Snapshot, Store, Taken, incoming_name, named, when
+from .store import MAX_HELD, Retained, Sender, Snapshot, Store, Taken, incoming_name, named, retained, when
 
 
 class ReceivePlace(Store):
@@ -63,6 +66,18 @@ class ReceivePlace(Store):
                 }
             )
         return out
+
+    def retain(self, policy: Policy, now: datetime.datetime, *, dry_run: bool = False) -> Retained:
+        """Keep what ``policy`` keeps of the received subvolumes, by the time each one's name says; delete
+        the others (``btrfs subvolume delete``). A received subvolume needs none of the others (btrfs shares
+        their extents, it does not chain them), so only the policy keeps; its name is its snapshot's."""
+        mine, _ = placed(self.place)
+        kept, dropped = retained([(n, n, None) for n, s in mine.items() if s.received_uuid is not None], policy, now)
+        for name in dropped if not dry_run else ():
+            _delete_subvolume(os.path.join(self.place, name))
+        if left := [name for name in dropped if not dry_run and os.path.lexists(os.path.join(self.place, name))]:
+            raise e.OutputError(self.place, f"btrfs subvolume delete left {', '.join(map(repr, left))}")
+        return Retained(tuple(kept), tuple(dropped))
 
 
 class _Receiving(Sink):
@@ -140,7 +155,8 @@ class _Receiving(Sink):
 
 
 def _delete_subvolume(path: str) -> None:
-    """Delete the subvolume at ``path`` that a failed transfer began (nothing when there is none)."""
+    """Delete the subvolume at ``path`` (nothing when there is none): one a failed transfer began, or one
+    a policy lets go."""
     with contextlib.suppress(OSError):
         if os.lstat(path).st_ino == 256:
             subprocess.run(["btrfs", "-q", "subvolume", "delete", path], capture_output=True, check=False)

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError, shown
+from ..retention import Decision, Policy, keep_closure, schedule, snapshot_time
 from ..session.receiver import SessionReceiver
 from ..transfer.ledger import Checkpoint
 from ..transfer.stored import stream_name
@@ -74,6 +75,37 @@ class Sender:
     charge: Callable[[int], object] | None = None
     claim: Callable[[uuid.UUID, str], object] = lambda subvolume, name: None
     say: Callable[[str], object] = lambda line: None
+
+
+@dataclasses.dataclass(frozen=True)
+class Retained:
+    """What a store kept and what it deleted (or, on a dry run, would delete), by name."""
+
+    kept: tuple[str, ...]
+    dropped: tuple[str, ...]
+
+
+def retained(
+    held: list[tuple[str, str | None, Any]], policy: Policy, now: datetime.datetime
+) -> tuple[list[str], list[str]]:
+    """Of ``held`` (a name, its snapshot's name, and what it builds on: that one's name or None), the names
+    ``policy`` keeps at ``now``, subvolume by subvolume, and the rest; a snapshot whose name says no time
+    is kept (it cannot be placed), and so is whatever a kept one builds on."""
+    parents = {name: parent for name, _, parent in held}
+    timed: dict[str, list[tuple[str, datetime.datetime]]] = {}
+    keep: set[str] = set()
+    for name, snapshot, _ in held:
+        said = snapshot_time(snapshot, policy) if snapshot else None
+        if said is None:
+            keep.add(name)
+        else:
+            timed.setdefault(said[0], []).append((name, said[1]))
+    for items in timed.values():
+        keep.update(d.key for d in schedule(items, now, policy) if d.keep)
+    decisions = [Decision(name, now, "kept" if name in keep else None) for name, _, _ in held]
+    closed = {d.key for d in keep_closure(decisions, parents.get, {}) if d.keep}
+    names = sorted(parents)
+    return [n for n in names if n in closed], [n for n in names if n not in closed]
 
 
 class Unsupported(UsageError):
@@ -144,6 +176,11 @@ class Store(abc.ABC):
     ) -> None:
         """Hand on the streams of ``chain`` (:meth:`chain`) in order to ``write``, each command checked."""
         raise self._cannot("hand on a chain of streams")
+
+    def retain(self, policy: Policy, now: datetime.datetime, *, dry_run: bool = False) -> Retained:
+        """Keep what ``policy`` keeps at ``now`` (by the time each snapshot's name says, subvolume by
+        subvolume, with whatever a kept one needs), delete the rest (not with ``dry_run``)."""
+        raise self._cannot("keep its snapshots by a policy")
 
     def _cannot(self, what: str) -> Unsupported:
         return Unsupported(f"{self.place!r}: a {self.kind} cannot {what}; a bucket (s3://BUCKET/PREFIX) can")

@@ -1893,3 +1893,71 @@ def test_a_transfer_lets_go_of_its_place_in_the_limits_before_its_sender_hears_t
         later.set()
     assert first.returncode == 0, first.stderr
     assert second.returncode == 0, second.stderr
+
+
+def _dated_streams(tmp_path: Path, days: list[int]) -> list[Path]:
+    """Crafted full streams of snapshots ``home.TIME``, one ``days`` ago each (by the clock now)."""
+    now = datetime.datetime.now(datetime.UTC)
+    paths = []
+    for n, ago in enumerate(days):
+        name = f"home.{now - datetime.timedelta(days=ago):%Y%m%dT%H%M%S}Z".encode()
+        path = tmp_path / f"dated-{n}.stream"
+        path.write_bytes(_crafted(_subvol(name), _mkfile(b"f")))
+        paths.append(path)
+    return paths
+
+
+def test_the_service_keeps_a_file_place_by_its_clients_policy(tmp_path: Path) -> None:
+    """After each transfer the service keeps what the client's policy keeps (by the time in each
+    snapshot's name) and logs what went; a stream whose name says no time, and the newest, stay."""
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    config.write_text(config.read_text() + 'preserve = "3d"\npreserve_min = "no"\n')
+    dated = _dated_streams(tmp_path, [30, 10, 2, 1])
+    with service(config, port) as proc:
+        results = [send(port, tmp_path, "alpha", p) for p in [FULL, *dated]]
+    assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+    held = sorted(p for p in stored(tmp_path, "alpha") if not p.endswith(".json"))
+    assert held == sorted(name_of(p) for p in (FULL, dated[2], dated[3])), held  # FULL's name says no time
+    log = events(proc)
+    client = next(e for e in log if e["event"] == "client")
+    assert client["preserve"] == "preserve 3d, minimum no"
+    pruned = [e for e in log if e["event"] == "pruned"]
+    # each went at the end of its own transfer: older than the policy keeps (the minimum is no)
+    assert [e["deleted"] for e in pruned] == [[name_of(dated[0])], [name_of(dated[1])]], pruned
+    assert set(stored(tmp_path, "alpha")) == {n for h in held for n in (h, h + ".json")}  # no manifest left alone
+
+
+def test_a_wrong_retention_setting_is_refused_naming_its_line(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    base = config.read_text()
+    for extra, said in (
+        ('preserve = "7d 3d"\n', "clients.alpha.preserve = '7d 3d': expected each unit once ('d' is given twice)"),
+        ('preserve = "7d"\npreserve_min = "2x"\n', "clients.alpha.preserve_min = '2x': expected all, latest, no"),
+        ('preserve_min = "2d"\n', "clients.alpha.preserve_min: goes with preserve"),
+        ('preserve = "7d"\npreserve_hour_of_day = 25\n', "clients.alpha.preserve_hour_of_day = 25: expected a whole"),
+    ):
+        config.write_text(base + extra)
+        line = base.count("\n") + extra.count("\n")
+        checked = subprocess.run([*CMD, "serve", "--config", str(config), "--check-config"], capture_output=True)
+        assert checked.returncode == 2, checked.stderr
+        assert f"{config}:{line}: {said}".encode() in checked.stderr, checked.stderr
+
+
+@pytest.mark.btrfs
+def test_the_service_keeps_a_receive_place_by_its_clients_policy(tmp_path: Path) -> None:
+    need_root_btrfs()
+    with btrfs_loop("512M") as mnt:
+        port = free_port()
+        config = _receive_config(tmp_path, mnt, port, ("alpha",), extra='preserve = "3d"\npreserve_min = "no"')
+        dated = _dated_streams(tmp_path, [30, 10, 2, 1])
+        with service(config, port) as proc:
+            results = [send(port, tmp_path, "alpha", p) for p in dated]
+            listed, _ = _arrivals(send(port, tmp_path, "alpha", FULL, "--list").stdout)
+        assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+        names = [first_command(p.read_bytes())[1].get("path").decode() for p in dated]  # type: ignore[union-attr]
+        assert sorted(os.listdir(mnt / "alpha")) == names[2:]
+        assert [line.rpartition(" ")[2] for line in listed] == names[2:]
+        pruned = [e for e in events(proc) if e["event"] == "pruned"]
+        assert [e["deleted"] for e in pruned] == [[names[0]], [names[1]]], pruned

@@ -20,6 +20,7 @@ from support.streams import FIXTURES
 
 from sendstream import errors as e
 from sendstream.archive.store import BucketClient
+from sendstream.retention import policy
 from sendstream.service.config import Client
 from sendstream.session.protocol import PREFIX_SIZE
 from sendstream.stores import at
@@ -57,9 +58,9 @@ def test_a_file_place_holds_what_its_manifests_say_by_name(tmp_path: Path) -> No
     that is not JSON, and one of another shape are not."""
     for path in (INCR, FULL):
         size = path.stat().st_size
-        snapshot = {"snapshot": "rich_base"} if path == FULL else {}  # an older manifest does not say it
+        said = {"snapshot": "rich_base"} if path == FULL else {}  # an older manifest does not say it
         note = manifest(
-            _identity(path), size=size, sha256="0" * 64, commands=1, ledger="0", client="a", peer="p", **snapshot
+            _identity(path), size=size, sha256="0" * 64, commands=1, ledger="0", client="a", peer="p", **said
         )
         (tmp_path / (stream_name(_identity(path)) + ".json")).write_bytes(note)
     (tmp_path / ".hidden.stream.json").write_bytes(note)
@@ -218,3 +219,35 @@ def test_the_store_a_command_reaches_itself_is_a_bucket_and_nothing_else() -> No
     store = at("s3://backups/alpha", "http://127.0.0.1:1")  # made, not reached
     assert isinstance(store, Bucket) and store.endpoint_url == "http://127.0.0.1:1"
     assert [at(place) for place in (str(FULL), "-", "backup.example:7000", "/srv/alpha")] == [None] * 4
+
+
+def test_a_file_place_keeps_what_its_policy_keeps_and_every_chain_a_kept_stream_needs(tmp_path: Path) -> None:
+    """A chain full(20 days ago) <- incremental(19) <- incremental(1), a lone full stream (10 days ago) and
+    one whose manifest says no snapshot name; "2d" with no minimum at a fixed now: the chain stays for its
+    newest, the lone one goes (manifest and stream), the one that cannot be placed stays."""
+    now = datetime.datetime(2026, 12, 4, 12, 0, tzinfo=datetime.UTC)
+
+    def stored(n: int, ago: int | None, parent: int | None = None) -> str:
+        uuid = f"00000000-0000-4000-8000-{n:012d}"
+        identity: Identity = {
+            "version": 2, "command": "snapshot" if parent else "subvol", "uuid": uuid, "ctransid": n,
+            "parent_uuid": f"00000000-0000-4000-8000-{parent:012d}" if parent else None,
+            "parent_ctransid": parent, "prefix": 0, "sha256": "0" * 64,
+        }  # fmt: skip
+        name = stream_name(identity)
+        said = {} if ago is None else {"snapshot": f"home.{now - datetime.timedelta(days=ago):%Y%m%dT%H%M%S}Z"}
+        note = manifest(identity, size=1, sha256="0" * 64, commands=1, ledger="0", client="a", peer="p", **said)
+        (tmp_path / name).write_bytes(b"s")
+        (tmp_path / (name + ".json")).write_bytes(note)
+        return name
+
+    chain = [stored(1, 20), stored(2, 19, 1), stored(3, 1, 2)]
+    lone, timeless = stored(4, 10), stored(5, None)
+    place, p = FilePlace(str(tmp_path)), policy("2d", "no", tz=datetime.UTC)
+    dry = place.retain(p, now, dry_run=True)
+    assert sorted(dry.kept) == sorted([*chain, timeless]) and dry.dropped == (lone,)
+    assert (tmp_path / lone).exists() and (tmp_path / (lone + ".json")).exists()
+    assert place.retain(p, now) == dry
+    left = sorted(n + s for n in (*chain, timeless) for s in ("", ".json"))
+    assert sorted(x.name for x in tmp_path.iterdir()) == left
+    assert place.retain(p, now).dropped == ()  # what is left is what the policy keeps
