@@ -39,6 +39,7 @@ from sendstream.archive.store import BucketClient, Location
 from sendstream.archive.upload import upload
 from sendstream.codec.crc import crc32c
 from sendstream.retention import policy
+from sendstream.stores.bucket import Bucket
 from sendstream.transfer.identity import Identity, stream_identity
 from sendstream.transfer.stored import manifest, stream_name
 
@@ -1062,3 +1063,7 @@ def test_prune_takes_a_preserve_policy_and_names_a_bad_one(store: Store) -> None
     alone = run(store, "archive", "prune", f"s3://{bucket}/r", "--preserve-min", "2d")
     assert alone.returncode == 2 and b"--preserve-min goes with --preserve POLICY" in alone.stderr
     assert len(entries(client, Location(bucket, "r/"))) == 4  # nothing was deleted
+    # the store's retain (a service's policy): the same plan, carried out
+    retained = Bucket(f"s3://{bucket}/r", store.client).retain(policy("7d", "no"), now)
+    assert sorted(retained.dropped) == sorted(gone) and len(retained.kept) == 2
+    assert sorted(x.name for x in entries(client, Location(bucket, "r/"))) == sorted(retained.kept)
