@@ -221,7 +221,9 @@ def _entry(value: Any, name: str) -> Entry:
     )
     if said != named:
         raise ValueError(f"its stream is {_shown(said)}, not {_shown(named)} as its name says")
-    listed = [_fields(o, "an object") for o in _list(body.get("objects"), "its objects")]
+    # a service's file place keeps the stream as one file of its name, and its manifest says no objects
+    own_file = [{"key": name, "size": body.get("size")}]
+    listed = [_fields(o, "an object") for o in _list(body.get("objects", own_file), "its objects")]
     objects = tuple((_text(o.get("key"), "a key"), checked_integer(o.get("size"), "its size")) for o in listed)
     own = [name] + [f"{name}.{k}" for k in range(1, len(objects))]
     if [key for key, _ in objects] != own:

@@ -40,7 +40,7 @@ from ..transfer.stored import Unnamed, stream_name
 from .catalog import MANIFEST_SUFFIX, Entry, chain_to, chains, entries
 from .hashing import Hasher
 from .seal import SEAL_OVERHEAD, SEALED_SEGMENT, Sealer, segment_count
-from .store import BucketClient, Location, calling, connect
+from .store import BucketClient, Location, calling
 
 CHUNK = 8 << 20
 AHEAD = 3  # ranged GETs at once: one GET at a time is slower than the checks
@@ -395,7 +395,7 @@ _CLIENT: Any = None
 def _verdict(endpoint_url: str | None, location: Location, entry: Entry, key: bytes | None) -> Verdict:
     global _CLIENT
     if _CLIENT is None:
-        _CLIENT = connect(endpoint_url)
+        _CLIENT = location.connect(endpoint_url)
     try:
         check(_CLIENT, location, entry, key=Sealer(key) if key is not None else None)
     except e.SendStreamError as exc:

@@ -11,6 +11,10 @@ that names the object.
 from __future__ import annotations
 
 import contextlib
+import datetime
+import errno
+import io
+import os
 import re
 import urllib.parse
 from collections.abc import Iterable, Iterator
@@ -82,6 +86,84 @@ class Location:
         head, _, tail = self.prefix.rstrip("/").rpartition("/")
         return Location(self.bucket, head + "/" if head else ""), tail
 
+    def connect(self, endpoint_url: str | None = None) -> BucketClient:
+        """A client that reaches this location (a process of a pool makes its own)."""
+        return connect(endpoint_url)
+
+
+@dataclass(frozen=True)
+class Directory(Location):
+    """A directory of streams and their manifests (a service's file place), read and pruned as an archive:
+    ``bucket`` is its path, the prefix empty, and what is said of an object names its file."""
+
+    def url(self, name: str = "") -> str:
+        return os.path.join(self.bucket, name) if name else self.bucket
+
+    def last(self) -> tuple[Location, str]:
+        head, tail = os.path.split(self.bucket.rstrip("/"))
+        return Directory(head or "/"), tail
+
+    def connect(self, endpoint_url: str | None = None) -> BucketClient:
+        return DirectoryClient()
+
+
+class DirectoryClient:
+    """The calls of :class:`BucketClient` that reading, listing and pruning make, on the files of a directory
+    (``Bucket``: its path; ``Key``: a file's name in it); what a directory cannot do (take an upload) is a
+    usage error. Hidden files (a transfer's journal, a manifest being written) are not listed."""
+
+    _PAGE = 1000
+
+    def get_object(self, *, Bucket: str, Key: str, Range: str = "") -> Answer:
+        path = os.path.join(Bucket, Key)
+        start, _, end = Range.removeprefix("bytes=").partition("-")
+        try:
+            with open(path, "rb") as f:
+                f.seek(int(start or 0))
+                data = f.read(int(end) - int(start or 0) + 1 if end else -1)
+        except OSError as exc:
+            code = "NoSuchKey" if exc.errno == errno.ENOENT else "cannot read"
+            raise e.StoreError(path, f"{code}: {exc.strerror}") from None
+        return {"Body": io.BytesIO(data), "ContentLength": len(data)}
+
+    def get_paginator(self, operation: Literal["list_objects_v2", "list_parts"]) -> Pages:
+        return self
+
+    def paginate(self, *, Bucket: str, **arguments: str) -> Iterator[Answer]:
+        try:
+            with os.scandir(Bucket) as found:
+                files = [(x.name, x.stat(follow_symlinks=False).st_mtime) for x in found if _listed(x)]
+        except OSError as exc:
+            raise e.StoreError(Bucket, f"cannot be listed: {exc.strerror}") from None
+        for first in range(0, max(len(files), 1), self._PAGE):
+            page = files[first : first + self._PAGE]
+            yield {"Contents": [{"Key": name, "LastModified": _utc(when)} for name, when in page]}
+
+    def delete_objects(self, *, Bucket: str, Delete: dict[str, object]) -> Answer:
+        for item in Delete["Objects"]:  # type: ignore[attr-defined]
+            path = os.path.join(Bucket, item["Key"])
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue  # gone already: as a store says nothing of a key that is not there
+            except OSError as exc:
+                raise e.StoreError(path, f"not deleted: {exc.strerror}") from None
+        return {}
+
+    def _cannot(self, **_: object) -> Answer:
+        raise e.UsageError("a file place takes streams from a session (sendstream serve), not uploads")
+
+    head_object = put_object = delete_object = create_multipart_upload = upload_part = _cannot
+    complete_multipart_upload = abort_multipart_upload = _cannot
+
+
+def _listed(entry: os.DirEntry[str]) -> bool:
+    return not entry.name.startswith(".") and entry.is_file(follow_symlinks=False)
+
+
+def _utc(seconds: float) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+
 
 def connect(endpoint_url: str | None = None) -> BucketClient:
     """An S3 client from boto3's chain of credentials and endpoints (``endpoint_url`` first, if given)."""
@@ -123,8 +205,11 @@ def _check_endpoint(url: str) -> None:
 @contextlib.contextmanager
 def calling(where: str) -> Iterator[None]:
     """Turn what the S3 client raises into a :class:`~sendstream.errors.StoreError` naming ``where``."""
-    from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
-
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
+    except ImportError:  # no S3 client here: a directory's client raises our own errors
+        yield
+        return
     try:
         yield
     except ClientError as exc:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .. import errors as e
+from ..stores import catalogue
 from ..transfer.identity import printable
 from ..transfer.progress import BAR, Summary, size
 from .manual import epilog
@@ -19,7 +20,6 @@ from .terminal import Group, error, logger, read_key, warner
 
 if TYPE_CHECKING:
     from ..archive.catalog import Entry
-    from ..stores.bucket import Bucket
     from ..stores.store import Store
     from ..transfer.progress import Progress
 
@@ -27,13 +27,6 @@ if TYPE_CHECKING:
 def sealing_key(key_file: str | None) -> bytes | None:
     """The key of ``--encrypt-key FILE`` that parts are sealed with (None without)."""
     return read_key(key_file) if key_file is not None else None
-
-
-def bucket(url: str, endpoint_url: str | None) -> Bucket:
-    """The archive at ``url``, its client made when first asked."""
-    from ..stores.bucket import Bucket
-
-    return Bucket(url, endpoint_url=endpoint_url)
 
 
 def send_to_store(
@@ -92,7 +85,7 @@ def verify_store(store: Store, workers: int | None, encrypt_key: str | None, qui
 
 
 @click.command(cls=Group.command_class)
-@click.argument("url", metavar="s3://BUCKET/PREFIX/SNAPSHOT")
+@click.argument("url", metavar="s3://BUCKET/PREFIX/SNAPSHOT|DIR/SNAPSHOT")
 @click.option("-o", "--output", default=None, metavar="FILE", help="Write the streams to FILE (- for stdout).")
 @click.option("--exec", "command", default=None, metavar="CMD", help="Write the streams to the stdin of CMD (sh -c).")
 @endpoint_option
@@ -109,18 +102,19 @@ def restore(
     """Hand on the full stream and every incremental up to SNAPSHOT, in order.
 
     SNAPSHOT is a snapshot's name or UUID as `sendstream archive ls` shows
-    them (UUID.CTRANSID for one stream of a UUID). The chain and its keys are
-    resolved before anything starts. Each stream is read in place with
-    ranged GETs and every command is checked before it goes on; its END
+    them (UUID.CTRANSID for one stream of a UUID), in a bucket or in a
+    service's file place (DIR). The chain and its keys are resolved before
+    anything starts. Each stream is read in place (ranged GETs from a bucket)
+    and every command is checked before it goes on; its END
     (where btrfs receive makes a snapshot read-only) goes on only once the
     stream is its manifest's. `--exec 'btrfs receive DIR'` receives the chain.
     """
     from ..io.outputs import is_special
-    from ..stores.bucket import Bucket
+    from ..stores import holding
     from ..transfer.sinks import Target
 
     target = Target(output or (None if command else "-"), command, encrypted=False)
-    store, snapshot = Bucket.holding(url, endpoint_url)
+    store, snapshot = holding(url, endpoint_url)
     key = sealing_key(encrypt_key)
     chain = store.chain(snapshot, key)  # a mistake is said here, not as "empty stream" by a child
     if command:
@@ -153,17 +147,17 @@ def problems_found(problems: list[e.BadManifest]) -> None:
 
 @click.group(cls=Group)
 def archive() -> None:
-    """What an archive in object storage (s3://BUCKET/PREFIX) holds."""
+    """What an archive holds: object storage (s3://BUCKET/PREFIX) or a service's file place (DIR)."""
 
 
 @archive.command("ls", epilog=epilog("archive ls"))
-@click.argument("url", metavar="s3://BUCKET/PREFIX")
+@click.argument("url", metavar="s3://BUCKET/PREFIX|DIR")
 @json_option("stream, chain by chain (depth 0 begins one)")
 @endpoint_option
 def archive_ls(url: str, as_json: bool, endpoint_url: str | None) -> None:
     """The snapshots archived, as chains: a full stream, then the incrementals that build on it."""
     problems: list[e.BadManifest] = []
-    for tree in bucket(url, endpoint_url).chains(problems):
+    for tree in catalogue(url, endpoint_url).chains(problems):
         for depth, entry in tree:
             if as_json:
                 click.echo(json.dumps(dict(entry.summary(), depth=depth), sort_keys=True))
@@ -175,7 +169,7 @@ def archive_ls(url: str, as_json: bool, endpoint_url: str | None) -> None:
 
 
 @archive.command("prune", epilog=epilog("archive prune"))
-@click.argument("url", metavar="s3://BUCKET/PREFIX")
+@click.argument("url", metavar="s3://BUCKET/PREFIX|DIR")
 @click.option("--keep-last", type=click.IntRange(1), default=None, help="Keep the last N snapshots stored.")
 @click.option("--keep-since", "since", metavar="DATE", default=None, help="Keep those stored on or after DATE (ISO).")
 @click.option(
@@ -226,7 +220,7 @@ def archive_prune(
             printable(f"{'would delete' if dry_run else 'deleted'} {entry.name}  {size(entry.size)}  {entry.stored}")
         )
 
-    kept, dropped = bucket(url, endpoint_url).prune(
+    kept, dropped = catalogue(url, endpoint_url).prune(
         keep_last, since, problems, dry_run=dry_run, each=said, policy=kept_by
     )
     gone = sum(x.size for x in dropped)

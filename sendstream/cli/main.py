@@ -28,6 +28,7 @@ from .options import (
     max_size_option,
     progs_style_option,
     stream_argument,
+    stream_or_place_argument,
     summary_option,
     tls_options,
     tracker_options,
@@ -84,7 +85,7 @@ def dump(stream: str, **options: Any) -> None:
 
 
 @cli.command()
-@stream_argument
+@stream_or_place_argument
 @click.option("--keep-going", is_flag=True, help="Report every problem, not only the first.")
 @click.option("--scan", is_flag=True, help="Only list every stream header in STREAM, wherever it is.")
 @click.option("--from-socket", "address", metavar="HOST:PORT", help="Listen there and verify what one sender sends.")
@@ -114,9 +115,10 @@ def verify(
 ) -> None:
     """Check STREAM (a file or -): framing, CRCs, commands, attributes, END.
 
-    STREAM may be s3://BUCKET/PREFIX: every stream archived there is checked
-    in place (ranged GETs, no local copy), many at once, each against its
-    manifest; a line for each, and exit 1 when any is bad.
+    STREAM may be s3://BUCKET/PREFIX, or a directory that is a service's file
+    place: every stream archived there is checked in place (ranged GETs, no
+    local copy), many at once, each against its manifest; a line for each,
+    and exit 1 when any is bad.
     """
     if verbose:
         from ..codec.backend import default as default_backend

@@ -80,6 +80,8 @@ def verbose_option(what: str) -> Decorator:
 # a file name or -: typed as a path so that shell completion offers file names
 STREAM_PATH = click.Path(dir_okay=False, allow_dash=True)
 stream_argument = click.argument("stream", default="-", type=STREAM_PATH)
+# verify's: a stream file, -, s3://BUCKET/PREFIX or a directory (a service's file place)
+stream_or_place_argument = click.argument("stream", default="-", type=click.Path(allow_dash=True))
 in_out_arguments = options(
     click.argument("source", metavar="IN", type=STREAM_PATH), click.argument("target", metavar="OUT", type=STREAM_PATH)
 )

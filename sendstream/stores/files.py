@@ -4,7 +4,6 @@ with its manifest beside it; a name is stored once (the same bytes again are "al
 from __future__ import annotations
 
 import contextlib
-import datetime
 import hashlib
 import json
 import os
@@ -14,9 +13,9 @@ from types import TracebackType
 from typing import Any, Self
 
 from .. import errors as e
+from ..archive.store import Directory, DirectoryClient
 from ..endpoints.receiving import receive_into
 from ..io.outputs import OutputDirectory, OutputFile
-from ..retention import Policy
 from ..session.protocol import PREFIX_SIZE
 from ..session.receiver import SessionReceiver
 from ..transfer.identity import snapshot_name, stream_identity
@@ -25,16 +24,23 @@ from ..transfer.ledger import Ledger
 from ..transfer.progress import NONE, Progress
 from ..transfer.sinks import Data, Sink
 from ..transfer.stored import Unnamed, manifest, stream_name
-from .store import MAX_HELD, Retained, Sender, Snapshot, Store, Taken, incoming_name, retained
+from .catalogued import Catalogued
+from .store import MAX_HELD, Sender, Snapshot, Taken, incoming_name
 
 MAX_MANIFEST = 64 << 10  # a manifest read for the list: more is not one of ours
 _FIELDS = ("uuid", "ctransid", "parent_uuid", "parent_ctransid")
 
 
-class FilePlace(Store):
-    """Streams and their manifests in the directory ``place`` (:mod:`sendstream.transfer.stored`)."""
+class FilePlace(Catalogued):
+    """Streams and their manifests in the directory ``place`` (:mod:`sendstream.transfer.stored`); read,
+    checked, restored from and pruned as an archive (:class:`~sendstream.stores.catalogued.Catalogued`)."""
 
     kind = "file place"
+
+    def __init__(self, place: str) -> None:
+        super().__init__(place)
+        self.location = Directory(place)
+        self._connect = DirectoryClient
 
     def take(self, session: SessionReceiver, sender: Sender) -> Taken:
         """Check and write the stream of ``session`` into the place, once stored under its name.
@@ -50,24 +56,6 @@ class FilePlace(Store):
             receive_into(session, out, Progress("received", mode=NONE))
         assert out.taken is not None
         return out.taken
-
-    def retain(self, policy: Policy, now: datetime.datetime, *, dry_run: bool = False) -> Retained:
-        """Keep what ``policy`` keeps (:func:`~sendstream.stores.store.retained`: every stream a kept one
-        builds on, down to its full stream, too); delete each other stream, its manifest first (a stream
-        half deleted is no longer held)."""
-        held = sorted(self._snapshots(), key=lambda s: str(s["name"]))
-        making: dict[tuple[Any, Any], str] = {}  # a snapshot's stream (the first by name, if several make it)
-        for s in held:
-            making.setdefault((s["uuid"], s["ctransid"]), s["name"])
-        builds_on = [making.get((s["parent_uuid"], s["parent_ctransid"])) if s["parent_uuid"] else None for s in held]
-        kept, dropped = retained(
-            [(s["name"], s["snapshot"], parent) for s, parent in zip(held, builds_on, strict=True)], policy, now
-        )
-        for name in dropped if not dry_run else ():
-            for path in (name + ".json", name):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(self.place, path))
-        return Retained(tuple(kept), tuple(dropped))
 
     def _snapshots(self) -> list[Snapshot]:
         out: list[Snapshot] = []

@@ -72,7 +72,7 @@ class ReceivePlace(Store):
         the others (``btrfs subvolume delete``). A received subvolume needs none of the others (btrfs shares
         their extents, it does not chain them), so only the policy keeps; its name is its snapshot's."""
         mine, _ = placed(self.place)
-        kept, dropped = retained([(n, n, None) for n, s in mine.items() if s.received_uuid is not None], policy, now)
+        kept, dropped = retained([name for name, s in mine.items() if s.received_uuid is not None], policy, now)
         for name in dropped if not dry_run else ():
             _delete_subvolume(os.path.join(self.place, name))
         if left := [name for name in dropped if not dry_run and os.path.lexists(os.path.join(self.place, name))]:

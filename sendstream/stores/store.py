@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError, shown
-from ..retention import Decision, Policy, keep_closure, schedule, snapshot_time
+from ..retention import Policy, schedule, snapshot_time
 from ..session.receiver import SessionReceiver
 from ..transfer.ledger import Checkpoint
 from ..transfer.stored import stream_name
@@ -85,27 +85,20 @@ class Retained:
     dropped: tuple[str, ...]
 
 
-def retained(
-    held: list[tuple[str, str | None, Any]], policy: Policy, now: datetime.datetime
-) -> tuple[list[str], list[str]]:
-    """Of ``held`` (a name, its snapshot's name, and what it builds on: that one's name or None), the names
-    ``policy`` keeps at ``now``, subvolume by subvolume, and the rest; a snapshot whose name says no time
-    is kept (it cannot be placed), and so is whatever a kept one builds on."""
-    parents = {name: parent for name, _, parent in held}
+def retained(names: list[str], policy: Policy, now: datetime.datetime) -> tuple[list[str], list[str]]:
+    """Of snapshots by ``names`` (``NAME.YYYYMMDDTHHMM``, as btrbk names them), those ``policy`` keeps at
+    ``now``, subvolume by subvolume, and the rest; one whose name says no time is kept (it cannot be placed)."""
     timed: dict[str, list[tuple[str, datetime.datetime]]] = {}
     keep: set[str] = set()
-    for name, snapshot, _ in held:
-        said = snapshot_time(snapshot, policy) if snapshot else None
+    for name in names:
+        said = snapshot_time(name, policy)
         if said is None:
             keep.add(name)
         else:
             timed.setdefault(said[0], []).append((name, said[1]))
     for items in timed.values():
         keep.update(d.key for d in schedule(items, now, policy) if d.keep)
-    decisions = [Decision(name, now, "kept" if name in keep else None) for name, _, _ in held]
-    closed = {d.key for d in keep_closure(decisions, parents.get, {}) if d.keep}
-    names = sorted(parents)
-    return [n for n in names if n in closed], [n for n in names if n not in closed]
+    return sorted(keep), sorted(set(names) - keep)
 
 
 class Unsupported(UsageError):

@@ -257,7 +257,9 @@ def test_a_fleet_as_the_readme_says(tmp_path: Path) -> None:
                 run.run(line)
             assert "ok: 1 client (web1)" in run.outputs[2], run.outputs[2]
             listed = run.outputs[-1].splitlines()
-            assert len(listed) == 1 and re.fullmatch(r"([0-9a-f-]{36}\.\d+) full \1\.stream", listed[0]), listed
+            assert len(listed) == 1 and re.fullmatch(
+                r"([0-9a-f-]{36}\.\d+) full \1\.stream snapshot \S+ arrived \S+", listed[0]
+            ), listed
             stored = sorted(p.name for p in backup.joinpath("web1").iterdir())
             assert len(stored) == 2 and stored[0].endswith(".stream") and stored[1].endswith(".stream.json"), stored
         (service,) = run.background

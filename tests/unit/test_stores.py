@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -204,21 +204,23 @@ def test_verify_names_a_manifest_it_cannot_take_and_refuses_a_key_of_the_wrong_s
 
 @pytest.mark.parametrize("kind", [FilePlace, ReceivePlace])
 def test_a_place_that_is_not_a_bucket_says_what_it_cannot_do(kind: type[Store], tmp_path: Path) -> None:
+    """Neither takes an upload; a btrfs receive place is no archive either (a file place is: it is read,
+    checked, restored from and pruned as one, tests/system/test_serve.py)."""
     store = kind(str(tmp_path))
-    for call in (
-        lambda: store.upload(str(FULL)),
-        lambda: store.verify(),
-        lambda: store.chain("home"),
-        lambda: store.restore([], lambda data: None),
-    ):
+    calls: list[Callable[[], object]] = [lambda: store.upload(str(FULL))]
+    if kind is ReceivePlace:
+        calls += [lambda: store.verify(), lambda: store.chain("home"), lambda: store.restore([], lambda data: None)]
+    for call in calls:
         with pytest.raises(Unsupported, match=f"^{str(tmp_path)!r}: a {store.kind} cannot .*; a bucket .* can$"):
             call()
 
 
-def test_the_store_a_command_reaches_itself_is_a_bucket_and_nothing_else() -> None:
+def test_the_store_a_command_reaches_itself_is_a_bucket_or_a_file_place(tmp_path: Path) -> None:
     store = at("s3://backups/alpha", "http://127.0.0.1:1")  # made, not reached
     assert isinstance(store, Bucket) and store.endpoint_url == "http://127.0.0.1:1"
-    assert [at(place) for place in (str(FULL), "-", "backup.example:7000", "/srv/alpha")] == [None] * 4
+    place = at(str(tmp_path))
+    assert isinstance(place, FilePlace) and place.place == str(tmp_path)
+    assert [at(place) for place in (str(FULL), "-", "backup.example:7000", str(tmp_path / "none"))] == [None] * 4
 
 
 def test_a_file_place_keeps_what_its_policy_keeps_and_every_chain_a_kept_stream_needs(tmp_path: Path) -> None:
