@@ -253,3 +253,22 @@ def test_a_file_place_keeps_what_its_policy_keeps_and_every_chain_a_kept_stream_
     left = sorted(n + s for n in (*chain, timeless) for s in ("", ".json"))
     assert sorted(x.name for x in tmp_path.iterdir()) == left
     assert place.retain(p, now).dropped == ()  # what is left is what the policy keeps
+
+
+def test_a_file_place_restores_a_chain_and_follows_no_symbolic_link(tmp_path: Path) -> None:
+    """Read as an archive, a file place hands on a stream held as its own file, checked; a stream that is
+    a symbolic link (to a file outside, or to a sound stream) is no stream of the place: refused, named."""
+    for path in (FULL, INCR):
+        identity = _identity(path)
+        data = path.read_bytes()
+        note = manifest(identity, size=len(data), sha256="0" * 64, commands=1, ledger="0", snapshot=path.stem)
+        (tmp_path / (stream_name(identity) + ".json")).write_bytes(note)
+        (tmp_path / stream_name(identity)).symlink_to(path)  # the fixture itself, through a link
+    place = FilePlace(str(tmp_path))
+    chain = place.chain(_identity(INCR)["uuid"])
+    assert [x.name for x in chain] == [stream_name(_identity(p)) for p in (FULL, INCR)]
+    got = bytearray()
+    with pytest.raises(e.RestoreStopped) as caught:
+        place.restore(chain, got.extend)
+    assert str(tmp_path / chain[0].name) in str(caught.value) and "symbolic link" in str(caught.value).lower()
+    assert got == b""
