@@ -265,7 +265,7 @@ def test_a_file_place_restores_a_chain_and_follows_no_symbolic_link(tmp_path: Pa
         (tmp_path / (stream_name(identity) + ".json")).write_bytes(note)
         (tmp_path / stream_name(identity)).symlink_to(path)  # the fixture itself, through a link
     place = FilePlace(str(tmp_path))
-    chain = place.chain(_identity(INCR)["uuid"])
+    chain = place.chain(str(_identity(INCR)["uuid"]))
     assert [x.name for x in chain] == [stream_name(_identity(p)) for p in (FULL, INCR)]
     got = bytearray()
     with pytest.raises(e.RestoreStopped) as caught:
