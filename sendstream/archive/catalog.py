@@ -183,7 +183,7 @@ def read_manifest(
     if spend is not None:
         spend(len(raw))
     try:
-        return _entry(load_json(raw, "the manifest"), stream)
+        return _entry(load_json(raw, "the manifest"), stream, location.one_file)
     except (e.SendStreamError, ValueError) as exc:
         raise e.BadManifest(url, f"not a sound manifest: {exc}", (stream,)) from None
 
@@ -206,7 +206,7 @@ def _text(value: Any, what: str) -> str:
     return value
 
 
-def _entry(value: Any, name: str) -> Entry:
+def _entry(value: Any, name: str, one_file: bool = False) -> Entry:
     """The manifest ``value`` of the stream ``name``, checked against its name; ValueError or our error."""
     body = _fields(value, "the manifest")
     if body.get("format") != MANIFEST_FORMAT:
@@ -222,8 +222,8 @@ def _entry(value: Any, name: str) -> Entry:
     if said != named:
         raise ValueError(f"its stream is {_shown(said)}, not {_shown(named)} as its name says")
     # a service's file place keeps the stream as one file of its name, and its manifest says no objects
-    own_file = [{"key": name, "size": body.get("size")}]
-    listed = [_fields(o, "an object") for o in _list(body.get("objects", own_file), "its objects")]
+    objects = body.get("objects", [{"key": name, "size": body.get("size")}] if one_file else None)
+    listed = [_fields(o, "an object") for o in _list(objects, "its objects")]
     objects = tuple((_text(o.get("key"), "a key"), checked_integer(o.get("size"), "its size")) for o in listed)
     own = [name] + [f"{name}.{k}" for k in range(1, len(objects))]
     if [key for key, _ in objects] != own:
@@ -380,10 +380,12 @@ def plan_prune(
     problems: list[e.BadManifest] | None = None,
     policy: Policy | None = None,
     now: datetime.datetime | None = None,
+    newest: bool = False,
 ) -> tuple[list[Entry], list[Entry]]:
     """What to keep and what may go: the last ``keep_last`` streams stored (and those stored at or after
     ``since``, an ISO date, and what ``policy`` keeps at ``now`` by the time each snapshot's name says:
-    :func:`preserved`), with every stream a kept one builds on, up to its full stream; both by age.
+    :func:`preserved`, with ``newest``: and the newest of each subvolume), with every stream a kept one
+    builds on, up to its full stream; both by age.
 
     What cannot be placed is kept, and so is what it builds on: streams in or on a circle of parents
     (added to ``problems``), and the parents that the names of the bad manifests in ``problems`` say
@@ -394,7 +396,7 @@ def plan_prune(
     if since is not None:
         wanted.update(x for x in ordered if x.stored >= since)
     if policy is not None:
-        wanted.update(preserved(ordered, policy, now or datetime.datetime.now(datetime.UTC)))
+        wanted.update(preserved(ordered, policy, now or datetime.datetime.now(datetime.UTC), newest))
     circles: list[e.BadManifest] = []
     placed = {x.name for tree in chains(found, circles) for _, x in tree}
     wanted.update(x for x in found if x.name not in placed)
@@ -413,9 +415,11 @@ def plan_prune(
     return [x for x in ordered if x in wanted], [x for x in ordered if x not in wanted]
 
 
-def preserved(found: list[Entry], policy: Policy, now: datetime.datetime) -> set[Entry]:
-    """The streams ``policy`` keeps at ``now``, subvolume by subvolume, by the time each snapshot's name
-    says (btrbk's ``NAME.YYYYMMDDTHHMM``); a stream whose name says no time is kept: it cannot be placed."""
+def preserved(found: list[Entry], policy: Policy, now: datetime.datetime, newest: bool = False) -> set[Entry]:
+    """The streams ``policy`` keeps at ``now`` (with ``newest``: and the newest), subvolume by subvolume, by
+    the time each snapshot's name says (btrbk's ``NAME.YYYYMMDDTHHMM``); a stream whose name says no time
+    is kept: it cannot be placed. A snapshot kept keeps every stream that makes it (a full stream and an
+    incremental of the same snapshot: either may be the one whose chain is whole)."""
     timeless: set[Entry] = set()
     by_subvolume: dict[str, list[tuple[Entry, datetime.datetime]]] = {}
     for entry in found:
@@ -424,7 +428,11 @@ def preserved(found: list[Entry], policy: Policy, now: datetime.datetime) -> set
             timeless.add(entry)
         else:
             by_subvolume.setdefault(said[0], []).append((entry, said[1]))
-    return timeless.union(d.key for items in by_subvolume.values() for d in schedule(items, now, policy) if d.keep)
+    kept = timeless.union(
+        d.key for items in by_subvolume.values() for d in schedule(items, now, policy, newest=newest) if d.keep
+    )
+    idents = {entry.ident for entry in kept}
+    return {entry for entry in found if entry.ident in idents}
 
 
 def remove(s3: BucketClient, location: Location, entry: Entry) -> None:

@@ -16,6 +16,7 @@ import errno
 import io
 import os
 import re
+import stat
 import urllib.parse
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -63,6 +64,7 @@ class Location:
 
     bucket: str
     prefix: str = ""
+    one_file = False  # whether a stream is one object of its name, which its manifest does not list
 
     @classmethod
     def parse(cls, url: str) -> Location:
@@ -96,6 +98,8 @@ class Directory(Location):
     """A directory of streams and their manifests (a service's file place), read and pruned as an archive:
     ``bucket`` is its path, the prefix empty, and what is said of an object names its file."""
 
+    one_file = True
+
     def url(self, name: str = "") -> str:
         return os.path.join(self.bucket, name) if name else self.bucket
 
@@ -117,8 +121,10 @@ class DirectoryClient:
     def get_object(self, *, Bucket: str, Key: str, Range: str = "") -> Answer:
         path = os.path.join(Bucket, Key)
         start, _, end = Range.removeprefix("bytes=").partition("-")
-        try:  # a symbolic link in a place is nobody's stream: not followed (no file outside is read)
-            with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
+        try:  # a symbolic link, a fifo or a device in a place is nobody's stream (no file outside is read)
+            with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise e.StoreError(path, "not a regular file: no stream of the place")
                 f.seek(int(start or 0))
                 data = f.read(int(end) - int(start or 0) + 1 if end else -1)
         except OSError as exc:
@@ -130,14 +136,25 @@ class DirectoryClient:
         return self
 
     def paginate(self, *, Bucket: str, **arguments: str) -> Iterator[Answer]:
+        """The regular files of the directory, a page at a time as they are read (the caller bounds how many
+        it takes); one deleted while it is listed is left out."""
+        page: list[Answer] = []
         try:
             with os.scandir(Bucket) as found:
-                files = [(x.name, x.stat(follow_symlinks=False).st_mtime) for x in found if _listed(x)]
+                for entry in found:
+                    try:
+                        if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
+                            continue
+                        when = entry.stat(follow_symlinks=False).st_mtime
+                    except FileNotFoundError:
+                        continue
+                    page.append({"Key": entry.name, "LastModified": _utc(when)})
+                    if len(page) == self._PAGE:
+                        yield {"Contents": page}
+                        page = []
         except OSError as exc:
             raise e.StoreError(Bucket, f"cannot be listed: {exc.strerror}") from None
-        for first in range(0, max(len(files), 1), self._PAGE):
-            page = files[first : first + self._PAGE]
-            yield {"Contents": [{"Key": name, "LastModified": _utc(when)} for name, when in page]}
+        yield {"Contents": page}
 
     def delete_objects(self, *, Bucket: str, Delete: dict[str, object]) -> Answer:
         for item in Delete["Objects"]:  # type: ignore[attr-defined]
@@ -155,10 +172,6 @@ class DirectoryClient:
 
     head_object = put_object = delete_object = create_multipart_upload = upload_part = _cannot
     complete_multipart_upload = abort_multipart_upload = _cannot
-
-
-def _listed(entry: os.DirEntry[str]) -> bool:
-    return not entry.name.startswith(".") and entry.is_file(follow_symlinks=False)
 
 
 def _utc(seconds: float) -> datetime.datetime:

@@ -146,13 +146,15 @@ def snapshot_time(name: str, policy: Policy = KEEP_ALL) -> tuple[str, datetime.d
         return None
     hm, zone = m.group("hm"), m.group("zone")
     text = m.group("date") + (f"{hm}{m.group('s') or '00'}" if hm else f"{policy.hour_of_day:02d}0000")
-    try:
+    try:  # (a name may say anything: 20261340, year 1, an offset of 99 hours are no time of a snapshot)
         naive = datetime.datetime.strptime(text, "%Y%m%d%H%M%S")
-    except ValueError:
-        return None  # 20261340: digits, not a date
-    if zone:
-        offset = datetime.timedelta(hours=int(zone[1:3]), minutes=int(zone[3:5])) if zone not in "zZ" else None
-        tz: datetime.tzinfo = datetime.timezone(-offset if zone[0] == "-" else offset) if offset else datetime.UTC
-        return m.group("base"), naive.replace(tzinfo=tz)
-    local = naive.replace(tzinfo=policy.tz) if policy.tz is not None else naive.astimezone()
-    return m.group("base"), local
+        if zone:
+            offset = datetime.timedelta(hours=int(zone[1:3]), minutes=int(zone[3:5])) if zone not in "zZ" else None
+            tz: datetime.tzinfo = datetime.timezone(-offset if zone[0] == "-" else offset) if offset else datetime.UTC
+            when = naive.replace(tzinfo=tz)
+        else:
+            when = naive.replace(tzinfo=policy.tz) if policy.tz is not None else naive.astimezone()
+        when.astimezone(datetime.UTC).astimezone(policy.tz)  # placed on the calendar, both ways
+    except (ValueError, OverflowError):
+        return None
+    return m.group("base"), when

@@ -83,12 +83,14 @@ def schedule(
     *,
     parent_of: Callable[[K], K | None] | None = None,
     pinned: Mapping[K, str] | None = None,
+    newest: bool = False,
 ) -> list[Decision[K]]:
     """What ``policy`` keeps of ``items`` (key, time) at ``now``, oldest first.
 
     With ``parent_of`` (an item's parent, or ``None``), whatever a kept item
     builds on is kept too; ``pinned`` items are kept for the reason given (the
-    newest common parent of a target).
+    newest common parent of a target); with ``newest``, the newest item is
+    kept whatever the minimum (the base of the next incremental).
     """
     tz = policy.tz
     local_now = now.astimezone(tz)
@@ -101,6 +103,8 @@ def schedule(
             item.reason = "no policy: everything is kept" if policy.preserve is None else "preserve_min: all"
     else:
         _apply(ordered, policy)
+    if newest and ordered:
+        ordered[-1].reason = ordered[-1].reason or "the newest: the base of the next incremental"
     decisions = [Decision(item.key, item.time, item.reason) for item in ordered]
     return keep_closure(decisions, parent_of, pinned or {})
 

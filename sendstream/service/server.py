@@ -81,6 +81,8 @@ class Service:
         self._threads: dict[threading.Thread, _Slot] = {}  # every transfer's thread, until it ends
         self._s3: BucketClient | None = None
         self._claims = Claims()  # what running transfers make: subvolume UUIDs, subvolumes, journals
+        self._pruning: set[str] = set()  # clients whose place is being kept by their policy: their transfers wait
+        self._pruned = threading.Condition(self._lock)
         self._listener: Listener[tuple[Opening, Client]] | None = None
 
     def run(self, stop: threading.Event, hangup: threading.Event | None = None) -> None:
@@ -278,6 +280,8 @@ class Service:
             self._leave(slot)
 
         try:
+            with self._lock:  # no transfer's parent may go from under it
+                self._pruned.wait_for(lambda: client.identity not in self._pruning)
             checkpoint = None
             store = client.store(self._bucket)
             if opening.identity is not None and (journal := store.journal(opening.identity)) is not None:
@@ -341,16 +345,22 @@ class Service:
 
     def _retain(self, client: Client, store: Store, fields: dict[str, Any]) -> None:
         """Keep of ``client``'s place what its policy keeps, now, unless another transfer of its runs (its
-        parent must not go from under it; the next transfer's end prunes). The stream stored is already
-        told to its sender: a failure here is logged, not the transfer's."""
+        parent must not go from under it; the next transfer's end prunes); one admitted meanwhile waits
+        until this ends. The stream stored is already told to its sender: a failure here is logged, not
+        the transfer's."""
         with self._lock:
             if client.preserve is None or self._active.get(client.identity):
                 return
+            self._pruning.add(client.identity)  # a transfer admitted from now on waits until this ends
         try:
             retained = store.retain(client.preserve, datetime.datetime.fromtimestamp(self.clock(), datetime.UTC))
         except Exception as exc:
             self.log("failed", **fields, reason=f"keeping by its policy: {exc}")
             return
+        finally:
+            with self._lock:
+                self._pruning.discard(client.identity)
+                self._pruned.notify_all()
         if retained.dropped:
             self.log("pruned", **fields, kept=len(retained.kept), deleted=list(retained.dropped))
 

@@ -73,12 +73,13 @@ class Catalogued(Store):
         each: Callable[[Entry], object] = lambda entry: None,
         policy: Policy | None = None,
         now: datetime.datetime | None = None,
+        newest: bool = False,
     ) -> tuple[list[Entry], list[Entry]]:
         """The streams kept and those that go (:func:`~sendstream.archive.catalog.plan_prune`, with
-        ``policy`` at ``now``), never one a kept snapshot needs; each that goes is deleted (not with
-        ``dry_run``), then told to ``each``."""
+        ``policy`` at ``now``, and with ``newest`` the newest of each subvolume), never one a kept snapshot
+        needs; each that goes is deleted (not with ``dry_run``), then told to ``each``."""
         found = archived(self.client, self.location, problems)
-        kept, dropped = plan_prune(found, keep_last, since, problems, policy, now)
+        kept, dropped = plan_prune(found, keep_last, since, problems, policy, now, newest)
         for entry in dropped:
             if not dry_run:
                 remove(self.client, self.location, entry)
@@ -86,9 +87,10 @@ class Catalogued(Store):
         return kept, dropped
 
     def retain(self, policy: Policy, now: datetime.datetime, *, dry_run: bool = False) -> Retained:
-        """:meth:`prune` by ``policy`` alone (a manifest that cannot be taken is kept, as prune keeps it)."""
+        """:meth:`prune` by ``policy`` alone (a manifest that cannot be taken is kept, as prune keeps it), and
+        the newest of each subvolume whatever the minimum: the base of its client's next incremental."""
         try:
-            kept, dropped = self.prune(None, None, [], dry_run=dry_run, policy=policy, now=now)
+            kept, dropped = self.prune(None, None, [], dry_run=dry_run, policy=policy, now=now, newest=True)
         except e.NothingFound:
             return Retained((), ())  # nothing held: nothing to keep or delete
         return Retained(tuple(x.name for x in kept), tuple(x.name for x in dropped))

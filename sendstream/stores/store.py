@@ -87,7 +87,8 @@ class Retained:
 
 def retained(names: list[str], policy: Policy, now: datetime.datetime) -> tuple[list[str], list[str]]:
     """Of snapshots by ``names`` (``NAME.YYYYMMDDTHHMM``, as btrbk names them), those ``policy`` keeps at
-    ``now``, subvolume by subvolume, and the rest; one whose name says no time is kept (it cannot be placed)."""
+    ``now``, subvolume by subvolume, with the newest of each whatever the minimum (the base of the next
+    incremental), and the rest; one whose name says no time is kept (it cannot be placed)."""
     timed: dict[str, list[tuple[str, datetime.datetime]]] = {}
     keep: set[str] = set()
     for name in names:
@@ -97,7 +98,7 @@ def retained(names: list[str], policy: Policy, now: datetime.datetime) -> tuple[
         else:
             timed.setdefault(said[0], []).append((name, said[1]))
     for items in timed.values():
-        keep.update(d.key for d in schedule(items, now, policy) if d.keep)
+        keep.update(d.key for d in schedule(items, now, policy, newest=True) if d.keep)
     return sorted(keep), sorted(set(names) - keep)
 
 
@@ -172,7 +173,8 @@ class Store(abc.ABC):
 
     def retain(self, policy: Policy, now: datetime.datetime, *, dry_run: bool = False) -> Retained:
         """Keep what ``policy`` keeps at ``now`` (by the time each snapshot's name says, subvolume by
-        subvolume, with whatever a kept one needs), delete the rest (not with ``dry_run``)."""
+        subvolume, with whatever a kept one needs, and the newest of each: the base of the next
+        incremental), delete the rest (not with ``dry_run``)."""
         raise self._cannot("keep its snapshots by a policy")
 
     def _cannot(self, what: str) -> Unsupported:

@@ -1067,3 +1067,24 @@ def test_prune_takes_a_preserve_policy_and_names_a_bad_one(store: Store) -> None
     retained = Bucket(f"s3://{bucket}/r", store.client).retain(policy("7d", "no"), now)
     assert sorted(retained.dropped) == sorted(gone) and len(retained.kept) == 2
     assert sorted(x.name for x in entries(client, Location(bucket, "r/"))) == sorted(retained.kept)
+
+
+def test_a_kept_snapshot_keeps_every_stream_that_makes_it_and_a_bucket_manifest_lists_its_objects() -> None:
+    """A snapshot made by a full stream and by an incremental whose parent is gone: either may be the one
+    whose chain is whole, so a policy that keeps the snapshot keeps both. A file place's manifest names no
+    objects (the stream is one file); a bucket's must, or it is a bad manifest."""
+    now = datetime.datetime(2026, 12, 4, 12, 0, tzinfo=datetime.UTC)
+    when = now - datetime.timedelta(days=1)
+    full_name, full_note = _dated(5, when)
+    incr_name, incr_note = _dated(5, when, parent=4)  # the same snapshot, from a parent not archived
+    found = [
+        read_manifest(cast(BucketClient, _Answering(note)), Location("b"), f"{name}.json")
+        for name, note in ((incr_name, incr_note), (full_name, full_note))
+    ]
+    kept, dropped = plan_prune(found, policy=policy("2d", "no", tz=datetime.UTC), now=now)
+    assert sorted(x.name for x in kept) == sorted([full_name, incr_name]) and dropped == []
+    bare = json.loads(full_note)
+    del bare["objects"]
+    raw = json.dumps(bare).encode()
+    with pytest.raises(e.BadManifest, match="its objects is null, not a list"):
+        read_manifest(cast(BucketClient, _Answering(raw)), Location("b"), f"{full_name}.json")

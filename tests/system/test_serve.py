@@ -2000,3 +2000,45 @@ def test_a_file_place_is_listed_checked_restored_and_pruned_as_an_archive(tmp_pa
     cut = subprocess.run([*CMD, "restore", str(place / "rich_incr"), "-o", str(tmp_path / "out")], capture_output=True)
     assert cut.returncode != 0 and str(stream).encode() in cut.stderr and not (tmp_path / "out").exists(), cut.stderr
     assert b"Traceback" not in bad.stderr + cut.stderr
+
+
+def test_a_transfer_admitted_while_its_place_is_pruned_waits_until_the_pruning_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service prunes a client's place after a transfer; the client's next transfer, admitted meanwhile,
+    must not take its stream (nor look for its parent) until the pruning ends. The pruning is held until that
+    transfer reaches its take or 5 s pass: without the wait its take runs inside the pruning, every time."""
+    port = free_port()
+    config = write_config(tmp_path, port, clients=("alpha",))
+    config.write_text(config.read_text() + 'preserve = "3d"\n')
+    dated = _dated_streams(tmp_path, [2, 1])
+    began, pruning, taking = threading.Event(), threading.Event(), threading.Event()
+    overlaps: list[str] = []
+    retain, take = files.FilePlace.retain, files.FilePlace.take
+
+    def held_retain(self: files.FilePlace, *args: Any, **kw: Any) -> Any:
+        if not began.is_set():  # the first pruning is held
+            taking.clear()
+            pruning.set()
+            began.set()
+            taking.wait(5)  # the next transfer's take comes in here without the wait; with it, never
+            pruning.clear()
+        return retain(self, *args, **kw)
+
+    def watched_take(self: files.FilePlace, *args: Any, **kw: Any) -> Any:
+        if pruning.is_set():
+            overlaps.append("a take while the place was pruned")
+        taking.set()
+        return take(self, *args, **kw)
+
+    monkeypatch.setattr(files.FilePlace, "retain", held_retain)
+    monkeypatch.setattr(files.FilePlace, "take", watched_take)
+    lines = io.StringIO()
+    with running(Service(load(str(config)), EventLog(lines, "json"))):
+        wait_listening(port)
+        first = send(port, tmp_path, "alpha", dated[0])
+        assert began.wait(30), "the service did not prune after the transfer"
+        second = send(port, tmp_path, "alpha", dated[1])
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr, second.stderr)
+    assert overlaps == []
+    assert sorted(p for p in stored(tmp_path, "alpha") if not p.endswith(".json")) == sorted(map(name_of, dated))

@@ -258,6 +258,9 @@ def test_nothing_a_kept_one_builds_on_and_nothing_pinned_is_let_go(
         ("home.20261340", None),  # digits, but no date
         ("home.2026120", None),
         ("home.20261204T01", None),
+        ("home.20261201T013000+9900", None),  # an offset of 99 hours
+        ("home.00010101T0000", None),  # before the calendar (midnight of year 1 in Berlin: year 0 in UTC)
+        ("home.99991231T235959-2300", None),  # past it
     ],
 )
 def test_snapshot_names_say_their_time_as_btrbk_writes_it(name: str, said: tuple[str, dt.datetime] | None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -272,3 +273,19 @@ def test_a_file_place_restores_a_chain_and_follows_no_symbolic_link(tmp_path: Pa
         place.restore(chain, got.extend)
     assert str(tmp_path / chain[0].name) in str(caught.value) and "symbolic link" in str(caught.value).lower()
     assert got == b""
+
+
+def test_a_place_keeps_its_newest_whatever_the_minimum_and_refuses_a_fifo(tmp_path: Path) -> None:
+    """The newest of a subvolume is the base of its client's next incremental: a service's place keeps it
+    even under "no"/"no". A fifo named as a stream is no stream of the place: named, not waited on."""
+    identity = _identity(FULL)
+    note = manifest(identity, size=FULL.stat().st_size, sha256="0" * 64, commands=1, ledger="0",
+                    snapshot="home.20261101T010000Z")  # fmt: skip
+    (tmp_path / (stream_name(identity) + ".json")).write_bytes(note)
+    os.mkfifo(tmp_path / stream_name(identity))
+    place = FilePlace(str(tmp_path))
+    now = datetime.datetime(2026, 12, 4, tzinfo=datetime.UTC)
+    assert place.retain(policy("no", "no", tz=datetime.UTC), now, dry_run=True).dropped == ()
+    chain = place.chain("home.20261101T010000Z")
+    with pytest.raises(e.RestoreStopped, match="not a regular file"):
+        place.restore(chain, lambda data: None)
