@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import errors as e
-from ..retention import Policy, schedule, snapshot_time
+from ..retention import Policy, kept_by_name
 from ..transfer.identity import Made, check_identity, checked_integer, load_json, printable, short_json
 from ..transfer.stored import MANIFEST_FORMAT, stream_name
 from .seal import CIPHER, SEGMENT, opened_size
@@ -420,17 +420,7 @@ def preserved(found: list[Entry], policy: Policy, now: datetime.datetime, newest
     the time each snapshot's name says (btrbk's ``NAME.YYYYMMDDTHHMM``); a stream whose name says no time
     is kept: it cannot be placed. A snapshot kept keeps every stream that makes it (a full stream and an
     incremental of the same snapshot: either may be the one whose chain is whole)."""
-    timeless: set[Entry] = set()
-    by_subvolume: dict[str, list[tuple[Entry, datetime.datetime]]] = {}
-    for entry in found:
-        said = snapshot_time(entry.snapshot.rpartition("/")[2], policy)
-        if said is None:
-            timeless.add(entry)
-        else:
-            by_subvolume.setdefault(said[0], []).append((entry, said[1]))
-    kept = timeless.union(
-        d.key for items in by_subvolume.values() for d in schedule(items, now, policy, newest=newest) if d.keep
-    )
+    kept = kept_by_name(((x, x.snapshot.rpartition("/")[2]) for x in found), now, policy, newest=newest)
     idents = {entry.ident for entry in kept}
     return {entry for entry in found if entry.ident in idents}
 

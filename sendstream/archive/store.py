@@ -103,10 +103,6 @@ class Directory(Location):
     def url(self, name: str = "") -> str:
         return os.path.join(self.bucket, name) if name else self.bucket
 
-    def last(self) -> tuple[Location, str]:
-        head, tail = os.path.split(self.bucket.rstrip("/"))
-        return Directory(head or "/"), tail
-
     def connect(self, endpoint_url: str | None = None) -> BucketClient:
         return DirectoryClient()
 

@@ -12,7 +12,7 @@ Pure: the clock is the caller's ``now``; nothing here reads the time or a disk.
 """
 
 from .policy import ALL, KEEP_ALL, Minimum, Policy, parse_minimum, parse_preserve, policy, snapshot_time
-from .schedule import Decision, keep_closure, schedule
+from .schedule import Decision, keep_closure, kept_by_name, schedule
 
 __all__ = [
     "ALL",
@@ -21,6 +21,7 @@ __all__ = [
     "Minimum",
     "Policy",
     "keep_closure",
+    "kept_by_name",
     "parse_minimum",
     "parse_preserve",
     "policy",

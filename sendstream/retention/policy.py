@@ -148,10 +148,11 @@ def snapshot_time(name: str, policy: Policy = KEEP_ALL) -> tuple[str, datetime.d
     text = m.group("date") + (f"{hm}{m.group('s') or '00'}" if hm else f"{policy.hour_of_day:02d}0000")
     try:  # (a name may say anything: 20261340, year 1, an offset of 99 hours are no time of a snapshot)
         naive = datetime.datetime.strptime(text, "%Y%m%d%H%M%S")
-        if zone:
-            offset = datetime.timedelta(hours=int(zone[1:3]), minutes=int(zone[3:5])) if zone not in "zZ" else None
-            tz: datetime.tzinfo = datetime.timezone(-offset if zone[0] == "-" else offset) if offset else datetime.UTC
-            when = naive.replace(tzinfo=tz)
+        if zone in ("z", "Z"):
+            when = naive.replace(tzinfo=datetime.UTC)
+        elif zone:
+            offset = datetime.timedelta(hours=int(zone[1:3]), minutes=int(zone[3:5]))
+            when = naive.replace(tzinfo=datetime.timezone(-offset if zone[0] == "-" else offset))
         else:
             when = naive.replace(tzinfo=policy.tz) if policy.tz is not None else naive.astimezone()
         when.astimezone(datetime.UTC).astimezone(policy.tz)  # placed on the calendar, both ways

@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from .policy import ALL, UNIT_NAMES, Policy
+from .policy import ALL, UNIT_NAMES, Policy, snapshot_time
 
 K = TypeVar("K", bound=Hashable)
 _EPOCH = datetime.datetime(1970, 1, 1)
@@ -107,6 +107,25 @@ def schedule(
         ordered[-1].reason = ordered[-1].reason or "the newest: the base of the next incremental"
     decisions = [Decision(item.key, item.time, item.reason) for item in ordered]
     return keep_closure(decisions, parent_of, pinned or {})
+
+
+def kept_by_name(
+    named: Iterable[tuple[K, str | None]], now: datetime.datetime, policy: Policy, *, newest: bool = False
+) -> set[K]:
+    """Of items with a btrbk-style snapshot name each (``home.20261204T0130``), those ``policy`` keeps at
+    ``now`` by the time the name says, subvolume by subvolume (with ``newest``: and the newest of each);
+    one whose name says no time (or none) is kept: it cannot be placed."""
+    kept: set[K] = set()
+    by_subvolume: dict[str, list[tuple[K, datetime.datetime]]] = {}
+    for key, name in named:
+        said = snapshot_time(name, policy) if name else None
+        if said is None:
+            kept.add(key)
+        else:
+            by_subvolume.setdefault(said[0], []).append((key, said[1]))
+    for items in by_subvolume.values():
+        kept.update(d.key for d in schedule(items, now, policy, newest=newest) if d.keep)
+    return kept
 
 
 def _apply(ordered: list[_Item[K]], policy: Policy) -> None:

@@ -73,10 +73,11 @@ class ReceivePlace(Store):
         their extents, it does not chain them), so only the policy keeps; its name is its snapshot's."""
         mine, _ = placed(self.place)
         kept, dropped = retained([name for name, s in mine.items() if s.received_uuid is not None], policy, now)
-        for name in dropped if not dry_run else ():
-            _delete_subvolume(os.path.join(self.place, name))
-        if left := [name for name in dropped if not dry_run and os.path.lexists(os.path.join(self.place, name))]:
-            raise e.OutputError(self.place, f"btrfs subvolume delete left {', '.join(map(repr, left))}")
+        if not dry_run:
+            for name in dropped:
+                _delete_subvolume(os.path.join(self.place, name))
+            if left := [name for name in dropped if os.path.lexists(os.path.join(self.place, name))]:
+                raise e.OutputError(self.place, f"btrfs subvolume delete left {', '.join(map(repr, left))}")
         return Retained(tuple(kept), tuple(dropped))
 
 

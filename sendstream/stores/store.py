@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError, shown
-from ..retention import Policy, schedule, snapshot_time
+from ..retention import Policy, kept_by_name
 from ..session.receiver import SessionReceiver
 from ..transfer.ledger import Checkpoint
 from ..transfer.stored import stream_name
@@ -89,16 +89,7 @@ def retained(names: list[str], policy: Policy, now: datetime.datetime) -> tuple[
     """Of snapshots by ``names`` (``NAME.YYYYMMDDTHHMM``, as btrbk names them), those ``policy`` keeps at
     ``now``, subvolume by subvolume, with the newest of each whatever the minimum (the base of the next
     incremental), and the rest; one whose name says no time is kept (it cannot be placed)."""
-    timed: dict[str, list[tuple[str, datetime.datetime]]] = {}
-    keep: set[str] = set()
-    for name in names:
-        said = snapshot_time(name, policy)
-        if said is None:
-            keep.add(name)
-        else:
-            timed.setdefault(said[0], []).append((name, said[1]))
-    for items in timed.values():
-        keep.update(d.key for d in schedule(items, now, policy, newest=True) if d.keep)
+    keep = kept_by_name(((name, name) for name in names), now, policy, newest=True)
     return sorted(keep), sorted(set(names) - keep)
 
 
