@@ -42,7 +42,7 @@ def holding(place: str, endpoint_url: str | None = None) -> tuple[Catalogued, st
         from .bucket import Bucket
 
         return Bucket.holding(place, endpoint_url)
-    directory, snapshot = os.path.split(place.rstrip("/"))
-    if not snapshot:
+    directory, snapshot = os.path.split(place)
+    if not snapshot:  # DIR/ or /: a place, no snapshot in it
         raise UsageError(f"{place!r} names no snapshot: DIR/SNAPSHOT (a name or UUID) or s3://BUCKET/PREFIX/SNAPSHOT")
     return catalogue(directory or ".", endpoint_url), snapshot

@@ -289,3 +289,13 @@ def test_a_place_keeps_its_newest_whatever_the_minimum_and_refuses_a_fifo(tmp_pa
     chain = place.chain("home.20261101T010000Z")
     with pytest.raises(e.RestoreStopped, match="not a regular file"):
         place.restore(chain, lambda data: None)
+
+
+def test_a_restore_of_a_place_names_its_snapshot(tmp_path: Path) -> None:
+    from sendstream.stores import holding
+
+    store, snapshot = holding(f"{tmp_path}/home.20261204T0130")
+    assert isinstance(store, FilePlace) and store.place == str(tmp_path) and snapshot == "home.20261204T0130"
+    for place in (f"{tmp_path}/", "/"):
+        with pytest.raises(e.UsageError, match=f"^{place!r} names no snapshot: DIR/SNAPSHOT"):
+            holding(place)
