@@ -50,6 +50,14 @@ class BadPolicy(UsageError):
         self.setting, self.value, self.expected = setting, value, expected
 
 
+class ConfigError(UsageError):
+    """A settings file is wrong: ``where`` is ``FILE:LINE`` (or ``FILE``)."""
+
+    def __init__(self, where: str, message: str) -> None:
+        super().__init__(f"{where}: {message}")
+        self.where = where
+
+
 class AttributeNotFound(UsageError, KeyError):
     """``Command.get`` of an attribute the command does not have, or a name no attribute has;
     ``has`` lists the attributes the command has. A :class:`KeyError`, as a mapping's would be."""

@@ -190,6 +190,7 @@ with instrumented:
     from sendstream.codec.events import NEED_DATA, EndOfInput, Restart, StreamHeader
     from sendstream.codec.framer import Framer
     from sendstream.endpoints.sending import list_held
+    from sendstream.errors import ConfigError
     from sendstream.extract.extractor import Extractor
     from sendstream.format.command import Command
     from sendstream.format.layout import ATTRIBUTES, COMMAND_NUMBERS, COMMANDS, MAX_VERSION, STREAM_MAGIC
@@ -202,7 +203,7 @@ with instrumented:
     from sendstream.render.jsonlines import json_line as dump_json_line
     from sendstream.render.paths import record_json_line, record_line, statistics_lines
     from sendstream.render.progs import PROGS_STYLES, ProgsStyle
-    from sendstream.service.config import IDENTITY, Config, ConfigError
+    from sendstream.service.config import IDENTITY, Config
     from sendstream.service.config import Client as ServiceClient
     from sendstream.service.config import load as load_config
     from sendstream.session.messages import MAGIC, STATUS_PREFIX, parse_listed, parse_status

@@ -41,12 +41,12 @@ import itertools
 import os
 import re
 import subprocess
-import tomllib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..archive.store import BucketClient, Location, connect
-from ..errors import BadPolicy, KeyFileError, UsageError
+from ..errors import BadPolicy, ConfigError, KeyFileError, UsageError
+from ..io.settings import Lines, read, shown
 from ..retention import Policy, policy
 from ..transfer.progress import parse_size
 from ..transport.address import Address
@@ -67,16 +67,7 @@ _CLIENT = {"key", "store", "receive", "trusted", "quota", *_RETENTION}
 BOUNDS = {**_INTEGERS, **_SECONDS, **_DAYS}
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _BTRFS = "btrfs"
-_MAX_SIZE = 1 << 20  # of the file
 _MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
-
-
-class ConfigError(UsageError):
-    """The configuration is wrong: ``where`` is ``FILE:LINE`` (or ``FILE``)."""
-
-    def __init__(self, where: str, message: str) -> None:
-        super().__init__(f"{where}: {message}")
-        self.where = where
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,65 +131,17 @@ class Config:
         return next((c for c in self.clients.values() if any(ip in net for net in c.trusted)), None)
 
 
-class _Lines:
-    """Where a key is written in the file, for messages (TOML parsers give values, not places)."""
-
-    def __init__(self, path: str, text: str) -> None:
-        self.path = path
-        self.lines = text.splitlines()
-
-    def at(self, table: tuple[str, ...] | None, key: str | None = None) -> str:
-        """``FILE:LINE`` of ``key`` in table ``table`` (its parts; top level: None), or of its header."""
-        start, end = 0, len(self.lines)
-        if table is not None:
-            parts = (rf"""(?:{re.escape(p)}|"{re.escape(p)}"|'{re.escape(p)}')""" for p in table)
-            head = re.compile(r"\s*\[\s*" + r"\s*\.\s*".join(parts) + r"\s*\]")
-            found = next((i for i, line in enumerate(self.lines) if head.match(line)), None)
-            if found is None:
-                return self.path
-            if key is None:
-                return f"{self.path}:{found + 1}"
-            start = found + 1
-        end = next((i for i in range(start, end) if self.lines[i].lstrip().startswith("[")), end)
-        pattern = re.compile(rf"\s*{re.escape(key or '')}\s*=")
-        for i in range(start, end):
-            if key is not None and pattern.match(self.lines[i]):
-                return f"{self.path}:{i + 1}"
-        return f"{self.path}:{start}" if table is not None else self.path
-
-
 def load(
     path: str, warn: Callable[[str], object] | None = None, *, file_system: Callable[[str], str] | None = None
 ) -> Config:
     """Read and check the configuration at ``path``: every key file is read, every place must exist.
     ``file_system`` names the type of the file system a ``receive`` place is on (default: ``stat -f``'s)."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(_MAX_SIZE + 1)
-    except OSError as exc:
-        raise ConfigError(path, f"cannot read the configuration: {exc.strerror}") from exc
-    if len(raw) > _MAX_SIZE:
-        raise ConfigError(path, f"larger than {_MAX_SIZE} bytes: not a configuration")
-    try:
-        text = raw.decode("utf-8")
-        data = tomllib.loads(text)
-    except UnicodeDecodeError as exc:
-        raise ConfigError(path, f"not UTF-8 at byte {exc.start}") from None
-    except tomllib.TOMLDecodeError as exc:
-        line = re.search(r"line (\d+)", str(exc))
-        raise ConfigError(f"{path}:{line.group(1)}" if line else path, f"not TOML: {exc}") from None
-    except RecursionError:
-        raise ConfigError(path, "not TOML: arrays or tables nested too deeply to read") from None
-    except ValueError:  # the only one tomllib lets through: int() of a decimal past Python's 4300 digits
-        digits = re.search(r"\d[\d_]{4300,}", text)
-        where = f"{path}:{text.count(chr(10), 0, digits.start()) + 1}" if digits else path
-        raise ConfigError(where, "not TOML: an integer of more than 4300 digits") from None
-    lines = _Lines(path, text)
+    data, lines = read(path)
     base = os.path.dirname(os.path.abspath(path))
     for key in data:
         if key not in _TOP:
             known = ", ".join(sorted(_TOP))
-            raise ConfigError(lines.at(None, key), f"unknown setting {_shown(key)}; expected one of {known}")
+            raise ConfigError(lines.at(None, key), f"unknown setting {shown(key)}; expected one of {known}")
     listen = _text(data, "listen", lines, None)
     try:
         address = Address.parse(listen, listen=True, any_port=True)  # the log's "listening" says which port
@@ -209,7 +152,7 @@ def load(
         modes = ", ".join(m for m in MODES if m != "none")
         raise ConfigError(
             lines.at(None, "tls"),
-            f"tls: expected one of {modes}, got {_shown(tls)} "
+            f"tls: expected one of {modes}, got {shown(tls)} "
             "(a client may send unencrypted from its trusted addresses)",
         )
     numbers: dict[str, Any] = {}
@@ -219,7 +162,7 @@ def load(
         kinds = int if integer else (int, float)
         if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
             kind = "a whole number" if integer else "days" if key in _DAYS else "seconds"
-            raise ConfigError(lines.at(None, key), f"{key}: expected {kind} from {low} to {high}, got {_shown(value)}")
+            raise ConfigError(lines.at(None, key), f"{key}: expected {kind} from {low} to {high}, got {shown(value)}")
         numbers[key] = value
     clients = _clients(data.get("clients"), lines, base, warn, file_system or _file_system)
     return Config(
@@ -235,25 +178,17 @@ def load(
     )
 
 
-def _shown(value: Any) -> str:
-    """``value`` for a message: its repr, cut short (an integer too long for one, by its size)."""
-    if isinstance(value, int) and value.bit_length() > 200:
-        return f"an integer of {value.bit_length()} bits"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _text(table: dict[str, Any], key: str, lines: _Lines, name: str | None) -> str:
+def _text(table: dict[str, Any], key: str, lines: Lines, name: str | None) -> str:
     value = table.get(key)
     if not isinstance(value, str) or not value or "\0" in value:
         what = f"clients.{name}.{key}" if name else key
         where = lines.at(("clients", name) if name else None, key if key in table else None)
-        raise ConfigError(where, f"{what}: expected a non-empty string without NUL, got {_shown(value)}")
+        raise ConfigError(where, f"{what}: expected a non-empty string without NUL, got {shown(value)}")
     return value
 
 
 def _clients(
-    table: Any, lines: _Lines, base: str, warn: Callable[[str], object] | None, file_system: Callable[[str], str]
+    table: Any, lines: Lines, base: str, warn: Callable[[str], object] | None, file_system: Callable[[str], str]
 ) -> dict[str, Client]:
     if not isinstance(table, dict) or not table:
         raise ConfigError(lines.path, "no clients: add a [clients.NAME] table for each (NAME is its PSK identity)")
@@ -264,7 +199,7 @@ def _clients(
         if not IDENTITY.fullmatch(name):
             raise ConfigError(
                 where,
-                f"client name {_shown(name)}: expected 1 to 64 letters, digits, '.', '_' or '-', "
+                f"client name {shown(name)}: expected 1 to 64 letters, digits, '.', '_' or '-', "
                 "not starting with '.' or '-' (it names the client's PSK identity and its place)",
             )
         if not isinstance(settings, dict):
@@ -273,7 +208,7 @@ def _clients(
             if key not in _CLIENT:
                 raise ConfigError(
                     lines.at(("clients", name), key),
-                    f"clients.{name}: unknown setting {_shown(key)}; expected {', '.join(sorted(_CLIENT))}",
+                    f"clients.{name}: unknown setting {shown(key)}; expected {', '.join(sorted(_CLIENT))}",
                 )
         key_path = os.path.join(base, _text(settings, "key", lines, name))
         try:
@@ -329,7 +264,7 @@ def _clients(
     return clients
 
 
-def _policy(settings: dict[str, Any], lines: _Lines, name: str) -> Policy | None:
+def _policy(settings: dict[str, Any], lines: Lines, name: str) -> Policy | None:
     """``preserve`` and the settings that go with it (btrbk's; docs/reference/retention.md), or None."""
     if "preserve" not in settings:
         if given := [key for key in _RETENTION if key in settings]:
@@ -346,12 +281,12 @@ def _policy(settings: dict[str, Any], lines: _Lines, name: str) -> Policy | None
         raise ConfigError(lines.at(("clients", name), exc.setting), f"clients.{name}.{exc}") from None
 
 
-def _networks(value: Any, lines: _Lines, name: str) -> tuple[Network, ...]:
+def _networks(value: Any, lines: Lines, name: str) -> tuple[Network, ...]:
     """``trusted``: addresses or networks (``10.1.2.3``, ``10.1.0.0/16``, ``fd00::/8``)."""
     where = lines.at(("clients", name), "trusted")
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(
-            where, f"clients.{name}.trusted: expected a list of addresses or networks, got {_shown(value)}"
+            where, f"clients.{name}.trusted: expected a list of addresses or networks, got {shown(value)}"
         )
     networks: list[Network] = []
     for text in value:
@@ -359,7 +294,7 @@ def _networks(value: Any, lines: _Lines, name: str) -> tuple[Network, ...]:
             network = ipaddress.ip_network(text, strict=False)
         except ValueError:
             raise ConfigError(
-                where, f"clients.{name}.trusted: {_shown(text)} is not an address or a network (10.1.2.3, 10.1.0.0/16)"
+                where, f"clients.{name}.trusted: {shown(text)} is not an address or a network (10.1.2.3, 10.1.0.0/16)"
             ) from None
         if isinstance(network, ipaddress.IPv6Network) and network.subnet_of(_MAPPED):
             mapped = network.network_address.ipv4_mapped
@@ -368,7 +303,7 @@ def _networks(value: Any, lines: _Lines, name: str) -> tuple[Network, ...]:
     return tuple(networks)
 
 
-def _quota(settings: dict[str, Any], lines: _Lines, name: str) -> int | None:
+def _quota(settings: dict[str, Any], lines: Lines, name: str) -> int | None:
     """``quota``: bytes (``500000000``) or a size (``500G``, powers of 1024); None when not set."""
     value = settings.get("quota")
     if value is None:
@@ -382,12 +317,12 @@ def _quota(settings: dict[str, Any], lines: _Lines, name: str) -> int | None:
     except ValueError:
         raise ConfigError(
             lines.at(("clients", name), "quota"),
-            f"clients.{name}.quota: expected a size in bytes above 0 (500000000000, 500G), got {_shown(value)}",
+            f"clients.{name}.quota: expected a size in bytes above 0 (500000000000, 500G), got {shown(value)}",
         ) from None
     return quota
 
 
-def _one_client_per_address(clients: dict[str, Client], lines: _Lines) -> None:
+def _one_client_per_address(clients: dict[str, Client], lines: Lines) -> None:
     """An unencrypted connection is its client by its address alone: no address may name two."""
     for a, b in itertools.combinations(clients.values(), 2):
         for x, y in itertools.product(a.trusted, b.trusted):
@@ -407,7 +342,7 @@ def _file_system(path: str) -> str:
     return "ext2/3/4" if name == "ext2/ext3" else name or "an unknown file system"
 
 
-def _no_overlap(clients: dict[str, Client], lines: _Lines) -> None:
+def _no_overlap(clients: dict[str, Client], lines: Lines) -> None:
     """No client's place is another's, or inside it: one could read or overwrite the other's streams."""
     for a, b in itertools.permutations(clients.values(), 2):
         if b.place == a.place or b.place.startswith(a.place.rstrip("/") + "/"):

@@ -38,7 +38,7 @@ from ..transport.listener import MAX_PENDING, MAX_PER_SOURCE, Listener
 from ..transport.tls import Channel, accept_channel
 from ..transport.tls.keys import fingerprint
 from .claims import Claims
-from .config import Client, Config, ConfigError, load
+from .config import Client, Config, load
 from .journals import Quota, kept, remove, remove_temporaries, sweep_journals
 from .log import EventLog
 from .metrics import Metrics, NoMetrics
@@ -145,7 +145,7 @@ class Service:
         but the transfers of a client it no longer has, or whose key it changed, are cut (revoked)."""
         old = self.config
         if config.listen != old.listen:
-            raise ConfigError(
+            raise e.ConfigError(
                 config.path,
                 f"listen: {config.listen.host}:{config.listen.port}, not {old.listen.host}:{old.listen.port}: "
                 "a running service cannot move; restart it to listen elsewhere",
