@@ -27,6 +27,8 @@ EXIT_TLS = 6
 EXIT_CHILD = 7
 EXIT_LIMIT = 8
 EXIT_NOT_FOUND = 9
+EXIT_BACKUP_FAILED = 10
+EXIT_STALE = 11
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
@@ -56,6 +58,38 @@ class ConfigError(UsageError):
     def __init__(self, where: str, message: str) -> None:
         super().__init__(f"{where}: {message}")
         self.where = where
+
+
+class BackupFailed(SendStreamError):
+    """Targets failed in a backup run (the others were backed up): ``failed`` names each, with why."""
+
+    exit_code = EXIT_BACKUP_FAILED
+
+    def __init__(self, failed: dict[str, str]) -> None:
+        several = "s" if len(failed) > 1 else ""
+        super().__init__(f"{len(failed)} target{several} failed: " + "; ".join(f"{n}: {w}" for n, w in failed.items()))
+        self.failed = failed
+
+
+class Stale(SendStreamError):
+    """``backup status`` found targets whose newest snapshot is older than their ``warn_after`` (or none):
+    ``stale`` names each (``SUBVOLUME -> TARGET``)."""
+
+    exit_code = EXIT_STALE
+
+    def __init__(self, stale: list[str]) -> None:
+        super().__init__(f"behind: {', '.join(stale)}")
+        self.stale = stale
+
+
+class RunLocked(SendStreamError):
+    """Another backup run holds the lock (``path``, by process ``holder``)."""
+
+    exit_code = EXIT_IO
+
+    def __init__(self, path: str, holder: str) -> None:
+        super().__init__(f"another backup run holds {path} (process {holder}): this one stops")
+        self.path, self.holder = path, holder
 
 
 class AttributeNotFound(UsageError, KeyError):

@@ -47,6 +47,7 @@ ELSEWHERE = {
     "serve": ".admin:serve",
     "restore": ".archive:restore",
     "archive": ".archive:archive",
+    "backup": ".backup:backup",
 }
 
 

@@ -9,11 +9,15 @@ import os
 import shlex
 import subprocess
 import uuid
+from collections.abc import Callable
 from types import TracebackType
-from typing import Self
+from typing import BinaryIO, Self
 
 from .. import errors as e
+from ..codec.framer import Framer
 from ..endpoints.receiving import receive_into
+from ..io.windows import file_events
+from ..ops.repair import Healer
 from ..retention import Policy
 from ..session.receiver import SessionReceiver
 from ..transfer.journal import PART_SUFFIX, Journal
@@ -45,6 +49,36 @@ class ReceivePlace(Store):
         with _Receiving(self.place, session, sender) as out:
             summary = receive_into(session, out, Progress("received", mode=NONE))
         return Taken(", ".join(out.made), summary.bytes + summary.skipped, tuple(out.made))
+
+    def receive(self, source: BinaryIO, say: Callable[[str], object] = lambda line: None) -> Taken:
+        """Check and heal the stream read from ``source`` (a host's own ``btrfs send``) and give it to ``btrfs
+        receive`` in the place, its paths and UUIDs confined as a session's are; what ``btrfs receive``
+        says goes to ``say``. A subvolume that an earlier, cut run left unfinished under a name this
+        stream makes is deleted first; on any failure the subvolumes this run began are deleted."""
+        made: list[str] = []
+
+        def claimed(subvolume: uuid.UUID, name: str) -> None:
+            if leftover(path := os.path.join(self.place, name), subvolume):
+                _delete_subvolume(path)
+            made.append(name)
+
+        guard = UuidGuard(self.place, claimed)
+        child = ChildSink(shlex.join(["btrfs", "receive", "--chroot", self.place]), stderr=say, stdout_too=True)
+
+        def write(data: Data) -> None:
+            guard(data)
+            child.write(data)
+
+        healer = Healer(write)
+        try:
+            with child, guard:
+                for event in file_events(source, Framer(), healer.batch):
+                    healer.event(event)
+        except BaseException:
+            for name in made:
+                _delete_subvolume(os.path.join(self.place, name))
+            raise
+        return Taken(", ".join(made), healer.written, tuple(made))
 
     def _snapshots(self) -> list[Snapshot]:
         mine, _ = placed(self.place)

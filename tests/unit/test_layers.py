@@ -37,6 +37,7 @@ FLOORS = [
     {"archive"},
     {"stores"},
     {"service"},
+    {"backup"},
     {"cli", "__main__", "__init__"},
 ]
 # Inside a floor with several rooms, who may use whom (the top floor's rooms may use each other).
