@@ -84,7 +84,7 @@ def _btrfs(*args: str) -> None:
         raise e.ChildFailed(f"btrfs {' '.join(args)} exited with status {done.returncode}: {' '.join(said[-2:])}")
 
 
-class _Reached(Protocol):
+class Reached(Protocol):
     """A target as a run reaches it: what it holds, a stream sent to it, its policy applied."""
 
     target: Target
@@ -152,11 +152,12 @@ class _Place:
         return self._store.retain(self.target.preserve, now, dry_run=dry_run).dropped
 
 
-def _reach(target: Target, log: Say) -> _Reached:
+def reach(target: Target, log: Say) -> Reached:
+    """``target``, reached as a run reaches it."""
     return _Service(target, log) if target.kind == "service" else _Place(target, log)
 
 
-def _send(subvolume: Subvolume, send: Send, reached: _Reached) -> None:
+def _send(subvolume: Subvolume, send: Send, reached: Reached) -> None:
     """``btrfs send`` of ``send`` (from its parent), its stream to ``reached``."""
     path = os.path.join(subvolume.snapshots, send.snapshot)
     args = [
@@ -191,8 +192,8 @@ def run(
     say: Say = lambda line: None,
     log: Say = lambda line: None,
 ) -> Report:
-    """One backup run at ``now`` (default: the clock's); raises :class:`~sendstream.errors.BackupFailed`
-    naming every target that failed once all the others are done."""
+    """One backup run at ``now`` (default: the clock's): what it took, sent, deleted, and the targets that
+    failed (the others are done all the same)."""
     now = now or datetime.datetime.now(datetime.UTC)
     report = Report()
     with locked(config.lock) if not dry_run else contextlib.nullcontext():
@@ -211,7 +212,7 @@ def run(
             local[name] = have
         held_after: dict[str, list[Held] | None] = {}
         for tname, target in config.targets.items():
-            reached = _reach(target, log)
+            reached = reach(target, log)
             try:
                 held = reached.held()
                 for name, subvolume in config.subvolumes.items():
@@ -235,8 +236,6 @@ def run(
                 say(f"{tname}: failed: {exc}")
         for name, subvolume in config.subvolumes.items():
             _keep_local(name, subvolume, local[name], held_after, now, dry_run, report, say)
-    if report.failed:
-        raise e.BackupFailed(report.failed)
     return report
 
 
@@ -278,7 +277,7 @@ def status(
     rows = []
     for tname, target in config.targets.items():
         try:
-            held: list[Held] | None = _reach(target, log).held()
+            held: list[Held] | None = reach(target, log).held()
             problem = None
         except e.SendStreamError as exc:
             held, problem = None, str(exc)

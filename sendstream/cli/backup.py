@@ -46,7 +46,11 @@ def backup_run(config_path: str, dry_run: bool, verbose: bool) -> None:
     """
     from ..backup.run import run
 
-    run(load(config_path, warn), dry_run=dry_run, say=lambda line: click.echo(printable(line)), log=logger(verbose))
+    report = run(
+        load(config_path, warn), dry_run=dry_run, say=lambda line: click.echo(printable(line)), log=logger(verbose)
+    )
+    if report.failed:
+        raise e.BackupFailed(report.failed)
 
 
 @backup.command("status", epilog=epilog("backup status"))

@@ -1,0 +1,274 @@
+"""``sendstream backup`` on loop-device btrfs, as root: nightly runs on a simulated clock to a service with
+a file place, a service with a ``btrfs receive`` place, a bucket on SeaweedFS and a local ``btrfs receive``
+disk, with changes between runs; after each run every target holds what its policy says and a seeded
+sample of kept snapshots restores to a tree equal to its source; at the end every kept one does.
+
+CI runs a week (``SENDSTREAM_BACKUP_DAYS``, default 7); the long tier runs 60 days
+(docs/contributing/testing.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+import random
+import shlex
+import subprocess
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+from support.btrfs import need_root_btrfs
+from support.loopfs import btrfs_loop
+from support.net import CMD, key_file
+from support.s3 import seaweedfs
+from support.storing import Log, running
+from support.trees import differences
+
+from sendstream.backup.config import Config
+from sendstream.backup.config import load as load_backup
+from sendstream.backup.plan import Held
+from sendstream.backup.run import local_snapshots, reach, run, status
+from sendstream.retention import kept_by_name
+from sendstream.service.config import load as load_service
+from sendstream.service.log import EventLog
+from sendstream.service.server import Service
+
+pytestmark = pytest.mark.btrfs
+
+START = dt.datetime(2026, 3, 20, 1, 30, tzinfo=dt.UTC)  # across Europe's change to summer time
+DAYS = int(os.environ.get("SENDSTREAM_BACKUP_DAYS", "7"))
+DOWN = (3, 6)  # the days one target is down (longer than the host keeps its snapshots by policy)
+
+
+def btrfs(*args: str | Path) -> None:
+    subprocess.run(["btrfs", "-q", *map(str, args)], check=True, capture_output=True)
+
+
+def change(root: Path, day: int, rng: random.Random) -> None:
+    """A day's changes: a new file, one rewritten in the middle, modes, owners, times, xattrs, hard links,
+    holes, a rename and a deletion (sizes capped: a v1 stream writes a hole's zeros)."""
+    (root / f"new-{day}").write_bytes(rng.randbytes(rng.randrange(1, 200_000)))
+    files = sorted(p for p in root.iterdir() if p.is_file() and not p.is_symlink())
+    victim = rng.choice(files)
+    with open(victim, "r+b") as f:
+        f.seek(rng.randrange(0, max(1, victim.stat().st_size)))
+        f.write(rng.randbytes(rng.randrange(1, 5000)))
+    os.chmod(rng.choice(files), rng.choice([0o600, 0o644, 0o755, 0o4711]))
+    os.chown(rng.choice(files), rng.randrange(0, 3000), rng.randrange(0, 3000))
+    os.setxattr(rng.choice(files), f"user.day{day % 3}".encode(), rng.randbytes(rng.randrange(0, 100)))
+    os.utime(rng.choice(files), ns=(rng.randrange(1 << 40) * 1000, rng.randrange(1 << 40) * 1000))
+    if not (root / f"link-{day % 4}").exists():
+        os.link(rng.choice(files), root / f"link-{day % 4}")
+    with open(root / f"sparse-{day % 2}", "ab") as f:
+        f.truncate(f.tell() + rng.randrange(1 << 16, 1 << 20))
+        f.write(rng.randbytes(4096))
+    if day % 3 == 2 and len(files) > 4:
+        os.rename(files[1], root / f"renamed-{day}")
+        os.unlink(files[2])
+
+
+def seed(root: Path) -> None:
+    btrfs("subvolume", "create", root)
+    (root / "dir").mkdir()
+    (root / "dir" / "file").write_bytes(b"x" * 10_000)
+    (root / "a").write_bytes(os.urandom(50_000))
+    (root / "b").write_bytes(b"")
+    os.symlink("dir/file", root / "symlink")
+
+
+def held_names(held: list[Held]) -> set[str]:
+    return {h.snapshot for h in held if h.snapshot}
+
+
+def restore_and_compare(kind: str, place: str, snapshot: str, source: Path, scratch: Path, env: dict[str, str]) -> None:
+    """``snapshot`` as the target gives it back, compared with its source on the host."""
+    if kind == "receive":
+        assert not differences(source, Path(place) / snapshot), (place, snapshot)
+        return
+    scratch.mkdir()
+    try:
+        done = subprocess.run(
+            [*CMD, "restore", f"{place}/{snapshot}", "--progress", "none", "--exec",
+             f"btrfs receive {shlex.quote(str(scratch))}"],
+            capture_output=True, env=env, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, (place, snapshot, done.stderr.decode())
+        assert not differences(source, scratch / snapshot), (place, snapshot)
+    finally:
+        for made in scratch.iterdir():
+            btrfs("subvolume", "delete", made)
+        scratch.rmdir()
+
+
+def test_nightly_runs_keep_every_target_as_its_policy_says_and_every_kept_snapshot_restores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    need_root_btrfs()
+    rng = random.Random(29)
+    clock = [START]
+    with ExitStack() as stack:
+        host = stack.enter_context(btrfs_loop("1G"))
+        server = stack.enter_context(btrfs_loop("1G"))
+        usb = stack.enter_context(btrfs_loop("1G"))
+        (tmp_path / "weed").mkdir()
+        store = stack.enter_context(seaweedfs(tmp_path / "weed"))
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_CONFIG_FILE",
+                     "AWS_SHARED_CREDENTIALS_FILE"):  # fmt: skip
+            monkeypatch.setenv(name, store.env[name])
+        bucket = store.bucket()
+        for name in ("home", "srv"):
+            seed(host / name)
+        (host / "snapshots").mkdir()
+        for name in ("alpha", "beta", "wrong"):
+            key_file(tmp_path / f"{name}.key")
+        wrong = (tmp_path / "wrong.key").read_bytes()
+        (tmp_path / "places").mkdir()
+        (server / "beta").mkdir()
+        (tmp_path / "serve.toml").write_text(
+            'listen = "127.0.0.1:0"\n'
+            '[clients.alpha]\nkey = "alpha.key"\nstore = "places"\npreserve = "3d"\npreserve_min = "no"\n'
+            f'[clients.beta]\nkey = "beta.key"\nreceive = "{server}/beta"\npreserve = "2d 1w"\npreserve_min = "no"\n'
+        )
+        log = Log()
+        settings = load_service(str(tmp_path / "serve.toml"))
+        service = Service(settings, EventLog(log, "json"), clock=lambda: clock[0].timestamp())
+        stack.enter_context(running(service))
+        port = int(log.first("listening")["address"].rsplit(":", 1)[1])
+        (tmp_path / "backup.toml").write_text(f"""
+lock = "backup.lock"
+preserve = "2d"
+preserve_min = "no"
+preserve_hour_of_day = 1
+
+[subvolumes.home]
+path = "{host}/home"
+snapshots = "{host}/snapshots"
+
+[subvolumes.srv]
+path = "{host}/srv"
+snapshots = "{host}/snapshots"
+targets = ["files", "received", "bucket"]
+
+[targets.files]
+service = "127.0.0.1:{port}"
+key = "alpha.key"
+identity = "alpha"
+warn_after = "1d"
+
+[targets.received]
+service = "127.0.0.1:{port}"
+key = "beta.key"
+identity = "beta"
+
+[targets.bucket]
+bucket = "s3://{bucket}/host"
+endpoint_url = "{store.endpoint}"
+key = "alpha.key"
+full_every = 3
+preserve = "4d"
+preserve_min = "no"
+
+[targets.usb]
+receive = "{usb}"
+preserve = "1d 1w"
+preserve_min = "no"
+preserve_hour_of_day = 1
+""")
+        config = load_backup(str(tmp_path / "backup.toml"))
+        places = {"files": str(tmp_path / "places"), "received": f"{server}/beta", "bucket": f"s3://{bucket}/host",
+                  "usb": str(usb)}  # fmt: skip
+        kinds = {"files": "file", "received": "receive", "bucket": "bucket", "usb": "receive"}
+        policies = {
+            "files": settings.clients["alpha"].preserve, "received": settings.clients["beta"].preserve,
+            "bucket": config.targets["bucket"].preserve, "usb": config.targets["usb"].preserve,
+        }  # fmt: skip
+        sent: dict[str, set[str]] = {t: set() for t in places}
+        taken: list[str] = []
+        uuids: dict[str, str] = {}  # of every snapshot the host has had
+        scratch = server / "scratch"
+        for day in range(DAYS):
+            for hour in (0, 12) if day == 2 else (0,):  # twice on one day: one day's second snapshot
+                clock[0] = START + dt.timedelta(days=day, hours=hour)
+                for name in ("home", "srv"):
+                    change(host / name, day * 2 + hour, rng)
+                before = {name: local_snapshots(s) for name, s in config.subvolumes.items()}
+                down = DOWN[0] <= day < DOWN[1]  # a wrong key: its handshake fails, the others go on
+                targets = {**config.targets, "received": dataclasses.replace(config.targets["received"], key=wrong)}
+                report = run(dataclasses.replace(config, targets=targets) if down else config, now=clock[0])
+                assert list(report.failed) == (["received"] if down else []), report.failed
+                assert all("handshake" in why for why in report.failed.values()), report.failed
+                taken += report.taken.values()
+                for target, sends in report.sent.items():
+                    names = [s.snapshot for s in sends]
+                    assert not set(names) & sent[target], f"{target} was sent {names} again"
+                    sent[target] |= set(names)
+                local = {name: local_snapshots(s) for name, s in config.subvolumes.items()}
+                assert len({s.uuid for ls in local.values() for s in ls}) == sum(map(len, local.values()))
+                uuids.update({s.name: s.uuid for ls in before.values() for s in ls})
+                uuids.update({s.name: s.uuid for ls in local.values() for s in ls})
+                for target, sends in report.sent.items():  # each from the one before, unless a full is due
+                    by_name = {h.snapshot: h for h in _held(config, target)}
+                    for send in sends:
+                        if send.snapshot in by_name and kinds[target] != "receive":
+                            parent = uuids.get(send.parent) if send.parent else None
+                            assert by_name[send.snapshot].parent_uuid == parent, (target, send)
+                    fulls = [s for s in sends if s.parent is None]
+                    assert len(fulls) <= (2 if day == 0 or target == "bucket" else 0), (day, target, sends)
+                for target in places:
+                    held = _held(config, target)
+                    subvolumes = [n for n, s in config.subvolumes.items() if target in s.targets]
+                    for name in subvolumes:  # the newest of each is there: the next parent
+                        if down and target == "received":
+                            continue
+                        assert local[name][-1].uuid in {h.uuid for h in held}, (day, target, name)
+                    policy = policies[target]
+                    assert policy is not None
+                    wanted = kept_by_name(((n, n) for n in sent[target]), clock[0], policy, newest=True)
+                    have = held_names(held)
+                    assert wanted <= have, (day, target, sorted(wanted - have))
+                    if down and target == "received":
+                        pass  # a service prunes after a transfer: none came
+                    elif kinds[target] == "receive":  # nothing chains: exactly what the policy keeps
+                        assert have == wanted, (day, target, sorted(have - wanted))
+                    else:  # and only what a kept one builds on besides
+                        assert have <= _with_parents(wanted, held), (day, target, sorted(have - wanted))
+                    on_host = {s.name: s for ls in local.values() for s in ls}
+                    sample = sorted(have & set(on_host))
+                    if sample:
+                        pick = rng.choice(sample)
+                        restore_and_compare(
+                            kinds[target], places[target], pick, host / "snapshots" / pick, scratch, store.env
+                        )
+                for name, ls in local.items():  # the host's: its policy, and what the targets need
+                    kept = {s.name for s in ls}
+                    assert kept_by_name(((n, n) for n in taken if n.startswith(name + ".")), clock[0],
+                                        config.subvolumes[name].preserve, newest=True) <= kept  # fmt: skip
+        rows = status(config, now=clock[0] + dt.timedelta(hours=1))
+        assert {(r["subvolume"], r["target"]) for r in rows} == {
+            ("home", "files"), ("home", "received"), ("home", "bucket"), ("home", "usb"),
+            ("srv", "files"), ("srv", "received"), ("srv", "bucket"),
+        }  # fmt: skip
+        assert not any(r["stale"] or r["next"] for r in rows), rows
+        stale = status(config, now=clock[0] + dt.timedelta(days=2))
+        assert [r["target"] for r in stale if r["stale"]] == ["files", "files"]  # only it has warn_after
+        for target in places:  # at the end every kept snapshot that is on the host restores
+            for pick in sorted(held_names(_held(config, target)) & set(os.listdir(host / "snapshots"))):
+                restore_and_compare(kinds[target], places[target], pick, host / "snapshots" / pick, scratch, store.env)
+
+
+def _held(config: Config, target: str) -> list[Held]:
+    """What ``target`` holds, as a run asks it."""
+    return reach(config.targets[target], lambda line: None).held()
+
+
+def _with_parents(wanted: set[str], held: list[Held]) -> set[str]:
+    by_uuid = {h.uuid: h for h in held}
+    out = set(wanted)
+    for h in held:
+        if h.snapshot in wanted:
+            at = h
+            while at.parent_uuid in by_uuid:
+                at = by_uuid[at.parent_uuid]
+                out.add(str(at.snapshot))
+    return out
