@@ -43,8 +43,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import BadPolicy, ConfigError, KeyFileError, UsageError
-from ..io.settings import Lines, read, shown
-from ..retention import KEEP_ALL, Policy, policy
+from ..io.settings import RETENTION, Lines, read, retention, shown
+from ..retention import KEEP_ALL, Policy
 from ..transport.address import Address
 from ..transport.tls import DEFAULT_MODE, MODES
 from ..transport.tls.keys import load_key
@@ -54,13 +54,12 @@ DEFAULT_PATH = "/etc/sendstream/backup.toml"
 DEFAULT_LOCK = "/run/lock/sendstream-backup.lock"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # no dot: a snapshot's name is NAME.YYYYMMDDTHHMM
 KINDS = ("service", "bucket", "receive")
-_RETENTION = ("preserve", "preserve_min", "preserve_day_of_week", "preserve_hour_of_day")
-_TOP = {"lock", "subvolumes", "targets", *_RETENTION}
-_SUBVOLUME = {"path", "snapshots", "targets", *_RETENTION}
+_TOP = {"lock", "subvolumes", "targets", *RETENTION}
+_SUBVOLUME = {"path", "snapshots", "targets", *RETENTION}
 _TARGET = {
     "service": {"service", "key", "identity", "tls", "timeout", "retries", "warn_after"},
-    "bucket": {"bucket", "key", "encrypt_key", "endpoint_url", "retries", "full_every", "warn_after", *_RETENTION},
-    "receive": {"receive", "full_every", "warn_after", *_RETENTION},
+    "bucket": {"bucket", "key", "encrypt_key", "endpoint_url", "retries", "full_every", "warn_after", *RETENTION},
+    "receive": {"receive", "full_every", "warn_after", *RETENTION},
 }
 
 
@@ -110,7 +109,7 @@ def load(path: str, warn: Callable[[str], object] | None = None) -> Config:
     data, lines = read(path)
     base = os.path.dirname(os.path.abspath(path))
     _known(data, _TOP, lines, None, "")
-    top_policy = _policy(data, lines, None, "") or KEEP_ALL
+    top_policy = retention(data, lines, None) or KEEP_ALL
     targets = _targets(data.get("targets"), lines, base, warn)
     subvolumes = _subvolumes(data.get("subvolumes"), lines, base, top_policy, targets)
     lock = os.path.join(base, _text(data, "lock", lines, None, "")) if "lock" in data else DEFAULT_LOCK
@@ -135,23 +134,6 @@ def _text(table: dict[str, Any], key: str, lines: Lines, where: tuple[str, ...] 
             f"{what}{key}: expected a non-empty string without NUL, got {shown(value)}",
         )
     return value
-
-
-def _policy(table: dict[str, Any], lines: Lines, where: tuple[str, ...] | None, what: str) -> Policy | None:
-    """``preserve`` and the settings that go with it, or None when not written."""
-    if "preserve" not in table:
-        if given := [key for key in _RETENTION if key in table]:
-            raise ConfigError(lines.at(where, given[0]), f"{what}{given[0]}: goes with preserve")
-        return None
-    try:
-        return policy(
-            table["preserve"],
-            table.get("preserve_min"),
-            day_of_week=table.get("preserve_day_of_week", "sunday"),
-            hour_of_day=table.get("preserve_hour_of_day", 0),
-        )
-    except BadPolicy as exc:
-        raise ConfigError(lines.at(where, exc.setting), f"{what}{exc}") from None
 
 
 def _tables(value: Any, lines: Lines, kind: str, needs: str) -> dict[str, dict[str, Any]]:
@@ -219,7 +201,7 @@ def _targets(value: Any, lines: Lines, base: str, warn: Callable[[str], object] 
                 fields["warn_after"] = age(settings["warn_after"], "warn_after")
         except BadPolicy as exc:
             raise ConfigError(lines.at(where, exc.setting), f"{what}{exc}") from None
-        fields["preserve"] = _policy(settings, lines, where, what)
+        fields["preserve"] = retention(settings, lines, where)
         out[name] = Target(name, kind, place, **fields)
     return out
 
@@ -276,6 +258,6 @@ def _subvolumes(
                 lines.at(where, "targets"),
                 f"{what}targets: no target is called {shown(unknown[0])}; the targets are {', '.join(targets)}",
             )
-        own = _policy(settings, lines, where, what)
+        own = retention(settings, lines, where)
         out[name] = Subvolume(name, path, snapshots, own or top_policy, tuple(dict.fromkeys(chosen)))
     return out

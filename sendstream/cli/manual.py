@@ -49,6 +49,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "sendstream serve --config /etc/sendstream/serve.toml --check-config",
         "sendstream serve --config /etc/sendstream/serve.toml --log-format json",
     ),
+    "backup run": (
+        "sendstream backup run --dry-run",
+        "sendstream backup run --config /etc/sendstream/backup.toml",
+    ),
+    "backup status": ("sendstream backup status", "sendstream backup status --json | jq 'select(.stale)'"),
     "man": (
         "sendstream man | man -l -",
         "sendstream man sendstream-serve.toml | man -l -",
@@ -75,6 +80,8 @@ EXIT_STATUS = (
     (7, "the command of receive --exec failed"),
     (8, "a limit was reached (the message names the option)"),
     (9, "nothing found: no archived stream where told to look (a prefix, a snapshot)"),
+    (10, "backup run: a target failed (the others were backed up)"),
+    (11, "backup status: a target is behind its warn_after, holds nothing, or cannot be reached"),
     (130, "interrupted (Ctrl-C)"),
 )
 
@@ -100,6 +107,9 @@ FILES = (
     ("NAME.stream, NAME.stream.json", "serve, a client's store place: a stored stream and its manifest"),
     (".NAME.incoming.part", "serve: the journal of a transfer not yet whole, resumed when its sender comes back"),
     ("/etc/sendstream/serve.toml", "serve --config: the service's configuration, see sendstream-serve.toml(5)"),
+    ("/etc/sendstream/backup.toml", "backup --config: the host's subvolumes, targets and policies (the backups guide)"),
+    ("/run/lock/sendstream-backup.lock", "backup run: held while a run runs (its process ID in it)"),
+    ("contrib/sendstream-backup.service, .timer", "in the source: backup run every night under systemd"),
     ("contrib/sendstream-serve.service", "in the source: the service under systemd, sandboxed"),
     ("~/.aws/credentials, ~/.aws/config", "the object store's credentials and settings (boto3's)"),
 )

@@ -7,9 +7,11 @@ import re
 import tomllib
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import BadPolicy, ConfigError
+from ..retention import Policy, policy
 
 MAX_SIZE = 1 << 20  # of a settings file
+RETENTION = ("preserve", "preserve_min", "preserve_day_of_week", "preserve_hour_of_day")
 
 
 class Lines:
@@ -72,3 +74,22 @@ def shown(value: Any) -> str:
         return f"an integer of {value.bit_length()} bits"
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def retention(table: dict[str, Any], lines: Lines, where: tuple[str, ...] | None) -> Policy | None:
+    """The policy of ``table`` (at ``where``): ``preserve`` and the settings that go with it (btrbk's;
+    docs/reference/retention.md), or None when it has none."""
+    what = ".".join(where) + "." if where else ""
+    if "preserve" not in table:
+        if given := [key for key in RETENTION if key in table]:
+            raise ConfigError(lines.at(where, given[0]), f"{what}{given[0]}: goes with preserve")
+        return None
+    try:
+        return policy(
+            table["preserve"],
+            table.get("preserve_min"),
+            day_of_week=table.get("preserve_day_of_week", "sunday"),
+            hour_of_day=table.get("preserve_hour_of_day", 0),
+        )
+    except BadPolicy as exc:
+        raise ConfigError(lines.at(where, exc.setting), f"{what}{exc}") from None

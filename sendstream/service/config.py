@@ -45,9 +45,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..archive.store import BucketClient, Location, connect
-from ..errors import BadPolicy, ConfigError, KeyFileError, UsageError
-from ..io.settings import Lines, read, shown
-from ..retention import Policy, policy
+from ..errors import ConfigError, KeyFileError, UsageError
+from ..io.settings import RETENTION, Lines, read, retention, shown
+from ..retention import Policy
 from ..transfer.progress import parse_size
 from ..transport.address import Address
 from ..transport.tls import MODES
@@ -61,8 +61,7 @@ _INTEGERS = {"max_transfers": (1, 4096, 16), "max_per_client": (1, 4096, 2)}
 _SECONDS = {"handshake_timeout": (0.1, 3600.0, 30.0), "idle_timeout": (0.0, 86400.0, 600.0)}
 _DAYS = {"journal_days": (0.0, 3650.0, 7.0)}
 _TOP = {"listen", "tls", "clients", *_INTEGERS, *_SECONDS, *_DAYS}
-_RETENTION = ("preserve", "preserve_min", "preserve_day_of_week", "preserve_hour_of_day")
-_CLIENT = {"key", "store", "receive", "trusted", "quota", *_RETENTION}
+_CLIENT = {"key", "store", "receive", "trusted", "quota", *RETENTION}
 # (lowest, highest, default) of each number; the manual page of this file shows them
 BOUNDS = {**_INTEGERS, **_SECONDS, **_DAYS}
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -238,7 +237,7 @@ def _clients(
         place = _text(settings, kind, lines, name)
         trusted = _networks(settings.get("trusted", []), lines, name)
         quota = _quota(settings, lines, name)
-        preserve = _policy(settings, lines, name)
+        preserve = retention(settings, lines, ("clients", name))
         if kind == "store" and place.startswith("s3://"):
             try:
                 place = Location.parse(place).url()  # the archive (the S3 endpoint and credentials: AWS_*)
@@ -262,23 +261,6 @@ def _clients(
     _no_overlap(clients, lines)
     _one_client_per_address(clients, lines)
     return clients
-
-
-def _policy(settings: dict[str, Any], lines: Lines, name: str) -> Policy | None:
-    """``preserve`` and the settings that go with it (btrbk's; docs/reference/retention.md), or None."""
-    if "preserve" not in settings:
-        if given := [key for key in _RETENTION if key in settings]:
-            raise ConfigError(lines.at(("clients", name), given[0]), f"clients.{name}.{given[0]}: goes with preserve")
-        return None
-    try:
-        return policy(
-            settings["preserve"],
-            settings.get("preserve_min"),
-            day_of_week=settings.get("preserve_day_of_week", "sunday"),
-            hour_of_day=settings.get("preserve_hour_of_day", 0),
-        )
-    except BadPolicy as exc:
-        raise ConfigError(lines.at(("clients", name), exc.setting), f"clients.{name}.{exc}") from None
 
 
 def _networks(value: Any, lines: Lines, name: str) -> tuple[Network, ...]:

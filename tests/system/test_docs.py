@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -77,10 +76,7 @@ RUN = {
     ("docs/reference/manual.md", "man-install"): "test_the_manual_pages_install_as_documented",
     ("docs/guides/inspect.md", "diff"): "test_console_examples_print_what_they_show",
     ("docs/guides/library.md", "example-script"): "test_console_examples_print_what_they_show",
-    (
-        "docs/guides/backups.md",
-        "backup-script",
-    ): "test_the_backup_script_sends_incrementals_from_what_the_service_holds",
+    ("docs/guides/backups.md", "backup-host"): "test_a_host_s_backups_as_the_guide_says",
 }
 
 
@@ -266,61 +262,60 @@ def test_a_fleet_as_the_readme_says(tmp_path: Path) -> None:
         assert service.returncode == 0, service.stderr.read() if service.stderr else ""
 
 
-def _next_second() -> None:
-    """Until the clock's second changes: the script names a snapshot by its second, as a daily timer does."""
-    now = int(time.time())
-    while int(time.time()) == now:
-        time.sleep(0.02)
+def toml_file(path: Path, name: str) -> str:
+    """The TOML block of ``path`` under ``<!-- file: NAME -->``."""
+    text = path.read_text()
+    found = re.search(rf"<!-- file: {re.escape(name)} -->\n```toml\n(.*?)\n```", text, re.S)
+    assert found, f"{path.name} has no <!-- file: {name} --> block"
+    return found.group(1)
 
 
 @pytest.mark.btrfs
-def test_the_backup_script_sends_incrementals_from_what_the_service_holds(tmp_path: Path) -> None:
-    """contrib/sendstream-backup as the backups guide runs it, three times against a service: a full
-    stream, then incrementals from the snapshot the service holds; of the local snapshots it keeps KEEP
-    (1 here) and the parent."""
+def test_a_host_s_backups_as_the_guide_says(tmp_path: Path) -> None:
+    """The backups guide's backup.toml and commands against a service: a dry run changes nothing, a
+    run sends the snapshot whole, the next an incremental of it; the status names the newest there."""
     need_root_btrfs()
     port = free_port()
     etc, place = tmp_path / "etc", tmp_path / "place"
     etc.mkdir()
     place.mkdir()
+    guide = DOCS / "guides" / "backups.md"
+    replace = {"/srv": "SRV", "backup.example:7000": f"127.0.0.1:{port}", "/etc/sendstream": str(etc),
+               "/run/lock": str(tmp_path)}  # fmt: skip
     with ExitStack() as stack:
         srv = stack.enter_context(btrfs_loop("512M"))
         env = stack.enter_context(shell(tmp_path))
-        data = data_subvolume(srv)
-        (line,) = commands(
-            example(DOCS / "guides" / "backups.md", "backup-script"),
-            {"/srv": str(srv), "backup.example": "127.0.0.1", ":7000": f":{port}", "/etc/sendstream": str(etc),
-             " web1 7": " web1 1"},
-        )  # fmt: skip
+        data_subvolume(srv)
+        (srv / "snapshots").mkdir()
+        config = toml_file(guide, "backup.toml")
+        for old, new in replace.items():
+            config = config.replace(old, new)
+        (etc / "backup.toml").write_text(config.replace("SRV", str(srv)))
+        lines = [f"{line} --config {etc}/backup.toml" for line in commands(example(guide, "backup-host"), {})]
         with host(ROOT, env, port) as run:
             run.run(f"sendstream key new {etc}/web1.key")
             (etc / "serve.toml").write_text(
                 f'listen = "127.0.0.1:{port}"\n[clients.web1]\nkey = "web1.key"\nstore = "{place}"\n'
             )
             run.run(f"sendstream serve --config {etc}/serve.toml")
-            for round in range(3):
-                (data / f"round-{round}").write_text(f"{round}\n")
-                _next_second()
+            for line in lines:
                 run.run(line)
-            run.run(f"sendstream send --to 127.0.0.1:{port} --key {etc}/web1.key --identity web1 --list")
-        held = run.outputs[-1].splitlines()
-        kinds = [entry.split()[1] for entry in held]
-        assert sorted(kinds) == ["from", "from", "full"], held
-        local = sorted(p.name for p in srv.iterdir() if p.name.startswith("data."))
-        assert len(local) == 2, local  # the oldest deleted: the newest (KEEP 1) and the parent of its send kept
-        uuids = {
-            name: re.search(r"^\s*UUID:\s*(\S+)", subprocess.run(
-                ["btrfs", "subvolume", "show", str(srv / name)], capture_output=True, text=True, check=True
-            ).stdout, re.M)[1]  # type: ignore[index]
-            for name in local
-        }  # fmt: skip
-        newest = next(entry for entry in held if entry.startswith(uuids[local[1]]))
-        assert f"from {uuids[local[0]]}." in newest, (newest, uuids)
+        dry, first, second, status = run.outputs[-4:]
+        assert re.fullmatch(r"data: would take (data\.\d{8}T\d{4})\ndata -> nas: would send \1 whole \(.*\)\n", dry), (
+            dry
+        )
+        snapshots = sorted(p.name for p in (srv / "snapshots").iterdir())
+        assert len(snapshots) == 2 and snapshots[1] == snapshots[0] + "_1", snapshots
+        assert f"data -> nas: sent {snapshots[0]} whole" in first, first
+        assert f"data -> nas: sent {snapshots[1]} from {snapshots[0]}" in second, second
+        assert status.startswith(f"data -> nas (service): last {snapshots[1]} ("), status
+        assert "chain 1; next: the new snapshot only" in status, status
+        assert len(list(place.glob("*.stream"))) == 2
 
 
-def test_the_backup_units_verify_with_the_script_installed(tmp_path: Path) -> None:
-    """contrib/sendstream-backup.service and .timer, with the script installed where the service runs it
-    (in a mount namespace whose /usr/local/bin is an overlay): systemd-analyze verify takes both."""
+def test_the_backup_units_verify(tmp_path: Path) -> None:
+    """contrib/sendstream-backup.service and .timer, with sendstream where the service runs it (in a mount
+    namespace whose /usr/local/bin is an overlay): systemd-analyze verify takes both."""
     if os.geteuid() != 0 or not all(shutil.which(t) for t in ("systemd-analyze", "unshare", "mount")):
         pytest.skip("needs root, systemd-analyze and unshare (CI has them)")
     units = [ROOT / "contrib" / f"sendstream-backup.{kind}" for kind in ("service", "timer")]
@@ -329,7 +324,8 @@ def test_the_backup_units_verify_with_the_script_installed(tmp_path: Path) -> No
         "set -e",
         f"mkdir -p {tmp_path}/upper {tmp_path}/work",
         f"mount -t overlay overlay -o lowerdir={d},upperdir={tmp_path}/upper,workdir={tmp_path}/work {d}",
-        f"install -m 0755 {ROOT}/contrib/sendstream-backup {d}/sendstream-backup",
+        f"printf '#!/bin/sh\\nexec {sys.executable} -m sendstream \"$@\"\\n' > {d}/sendstream",
+        f"chmod 0755 {d}/sendstream",
         "systemd-analyze verify " + " ".join(str(u) for u in units),
     ]
     result = subprocess.run(
