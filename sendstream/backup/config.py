@@ -43,7 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import BadPolicy, ConfigError, KeyFileError, UsageError
-from ..io.settings import RETENTION, Lines, read, retention, shown
+from ..io.settings import RETENTION, Lines, read, retention, shown, size
 from ..retention import KEEP_ALL, Policy
 from ..transport.address import Address
 from ..transport.tls import DEFAULT_MODE, MODES
@@ -57,7 +57,7 @@ KINDS = ("service", "bucket", "receive")
 _TOP = {"lock", "subvolumes", "targets", *RETENTION}
 _SUBVOLUME = {"path", "snapshots", "targets", *RETENTION}
 _TARGET = {
-    "service": {"service", "key", "identity", "tls", "timeout", "retries", "warn_after"},
+    "service": {"service", "key", "identity", "tls", "timeout", "retries", "rate_limit", "warn_after"},
     "bucket": {"bucket", "key", "encrypt_key", "endpoint_url", "retries", "full_every", "warn_after", *RETENTION},
     "receive": {"receive", "full_every", "warn_after", *RETENTION},
 }
@@ -75,6 +75,7 @@ class Target:
     identity: str = ""
     tls: str = DEFAULT_MODE
     timeout: float = 30.0
+    rate_limit: int | None = None  # bytes a second at most, to a service
     retries: int = 5
     encrypt_key: bytes | None = dataclasses.field(default=None, repr=False)
     endpoint_url: str | None = None
@@ -172,6 +173,7 @@ def _targets(value: Any, lines: Lines, base: str, warn: Callable[[str], object] 
                         f"{what}tls: expected one of {', '.join(MODES[1:])}, got {shown(fields['tls'])}",
                     )
                 fields["timeout"] = _number(settings, "timeout", lines, where, what, 0.1, 3600.0, 30.0)
+                fields["rate_limit"] = size(settings, "rate_limit", lines, where, "30000000, 30M")
             elif kind == "bucket":
                 from ..archive.store import Location
 

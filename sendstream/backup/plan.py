@@ -137,17 +137,21 @@ def sends(
     full_every: Rotation | None = None,
 ) -> list[Send]:
     """What goes to a target that holds ``held``, oldest first: each local snapshot newer than the newest it
-    holds, each an incremental of the one before (``local`` is oldest first); a full stream of the newest
-    when it holds none, and whenever ``full_every`` says a chain has grown long or old enough."""
+    holds, each an incremental of the one before (``local`` is oldest first); when it holds none, every
+    local snapshot, the oldest whole; a full stream whenever ``full_every`` says a chain has grown long or
+    old enough."""
     if not local:
         return []
     base = common(local, held)
-    if base is None:
-        return [Send(local[-1].name, None, "the target holds none of this subvolume's snapshots")]
-    made = chain(held, _their_uuid(base, held))
-    length = max(len(made) - 1, 0)
-    started = made[0].time(policy) if made else None
     out: list[Send] = []
+    started: datetime.datetime | None
+    if base is None:  # all the host has goes: a run cut before its first stream got there is done again
+        out.append(Send(local[0].name, None, "the target holds none of this subvolume's snapshots"))
+        base = local[0]
+        length, started = 0, base.time
+    else:
+        made = chain(held, _their_uuid(base, held))
+        length, started = max(len(made) - 1, 0), made[0].time(policy) if made else None
     parent = base
     for snapshot in local[local.index(base) + 1 :]:
         due = full_every is not None and (

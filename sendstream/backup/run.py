@@ -33,6 +33,17 @@ if TYPE_CHECKING:
 Say = Callable[[str], object]
 
 
+@dataclasses.dataclass(frozen=True)
+class Moved:
+    """A stream a target took: its size, and the bytes an earlier, cut run had got there (not sent again)."""
+
+    size: int
+    resumed: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.size:,} bytes" + (f"; resumed at offset {self.resumed:,}" if self.resumed else "")
+
+
 @dataclasses.dataclass
 class Report:
     """What a run did (or, dry, would do)."""
@@ -91,7 +102,7 @@ class Reached(Protocol):
 
     def held(self) -> list[Held]: ...
 
-    def put(self, source: BinaryIO) -> None: ...
+    def put(self, source: BinaryIO) -> Moved: ...
 
     def retain(self, now: datetime.datetime, dry_run: bool) -> tuple[str, ...]: ...
 
@@ -105,19 +116,23 @@ class _Service:
 
         self.target, self._log = target, log
         settings = TlsSettings(target.tls, target.key, target.identity)
-        self._connect = connector(Dialing(Address.parse(target.place), settings, target.timeout), log)
+        dialing = Dialing(Address.parse(target.place), settings, target.timeout, target.rate_limit)
+        self._connect = connector(dialing, log)
 
     def held(self) -> list[Held]:
         from ..endpoints.sending import list_held
 
         return [Held.of(s) for s in list_held(self._connect)]
 
-    def put(self, source: BinaryIO) -> None:
+    def put(self, source: BinaryIO) -> Moved:
         from ..endpoints.sending import send
         from ..transfer.progress import NONE, Progress
 
         t = self.target
-        send(source, self._connect, Progress("sent", mode=NONE), resumable=True, retries=t.retries, log=self._log)
+        done = send(
+            source, self._connect, Progress("sent", mode=NONE), resumable=True, retries=t.retries, log=self._log
+        )
+        return Moved(done.skipped + done.bytes, done.skipped)
 
     def retain(self, now: datetime.datetime, dry_run: bool) -> tuple[str, ...]:
         return ()
@@ -138,13 +153,13 @@ class _Place:
     def held(self) -> list[Held]:
         return [Held.of(s) for s in self._store.held()]
 
-    def put(self, source: BinaryIO) -> None:
+    def put(self, source: BinaryIO) -> Moved:
         t = self.target
         if self._received is not None:
-            self._received.receive(source, self._log)
-            return
+            return Moved(self._received.receive(source, self._log).size, 0)
         retries = t.retries if t.key else 0
-        self._store.upload(source, key=t.key, encrypt_key=t.encrypt_key, retries=retries, notice=self._log)
+        done = self._store.upload(source, key=t.key, encrypt_key=t.encrypt_key, retries=retries, notice=self._log)
+        return Moved(done.size, done.resumed)
 
     def retain(self, now: datetime.datetime, dry_run: bool) -> tuple[str, ...]:
         if self.target.preserve is None:
@@ -157,7 +172,7 @@ def reach(target: Target, log: Say) -> Reached:
     return _Service(target, log) if target.kind == "service" else _Place(target, log)
 
 
-def _send(subvolume: Subvolume, send: Send, reached: Reached) -> None:
+def _send(subvolume: Subvolume, send: Send, reached: Reached) -> Moved:
     """``btrfs send`` of ``send`` (from its parent), its stream to ``reached``."""
     path = os.path.join(subvolume.snapshots, send.snapshot)
     args = [
@@ -172,7 +187,7 @@ def _send(subvolume: Subvolume, send: Send, reached: Reached) -> None:
         assert child.stdout is not None
         try:
             with child.stdout:
-                reached.put(cast(BinaryIO, child.stdout))
+                moved = reached.put(cast(BinaryIO, child.stdout))
         except BaseException:
             child.kill()
             child.wait()
@@ -182,6 +197,7 @@ def _send(subvolume: Subvolume, send: Send, reached: Reached) -> None:
             raise e.ChildFailed(
                 f"{' '.join(args)} exited with status {code}: {said.read(4096).decode(errors='replace').strip()}"
             )
+    return moved
 
 
 def run(
@@ -223,9 +239,9 @@ def run(
                         if dry_run:
                             say(f"{name} -> {tname}: would send {send.snapshot} {kind} ({send.why})")
                             continue
-                        _send(subvolume, send, reached)
+                        moved = _send(subvolume, send, reached)
                         report.sent.setdefault(tname, []).append(send)
-                        say(f"{name} -> {tname}: sent {send.snapshot} {kind}")
+                        say(f"{name} -> {tname}: sent {send.snapshot} {kind} ({moved})")
                 held_after[tname] = held if dry_run else reached.held()
                 if pruned := reached.retain(now, dry_run):
                     report.pruned[tname] = pruned

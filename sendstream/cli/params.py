@@ -19,7 +19,7 @@ class ByteSize(click.ParamType):  # type: ignore[type-arg]
         self.minimum = minimum
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        from ..transfer.progress import parse_size
+        from ..io.settings import parse_size
 
         if isinstance(value, int):
             return value

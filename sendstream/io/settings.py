@@ -13,6 +13,19 @@ from ..retention import Policy, policy
 MAX_SIZE = 1 << 20  # of a settings file
 RETENTION = ("preserve", "preserve_min", "preserve_day_of_week", "preserve_hour_of_day")
 
+_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+
+
+def parse_size(text: str) -> int:
+    """A size in bytes: ``123456``, ``300M``, ``1.5G``, ``2TiB`` (K, M, G, T are powers of 1024); ValueError
+    for anything else (a negative, NaN or infinite number among them)."""
+    text = text.strip().lower().removesuffix("b").removesuffix("i")
+    unit = text[-1:] if text[-1:].isalpha() else ""
+    number = float(text[: len(text) - len(unit)])
+    if unit not in _POWERS or not 0 <= number < 1e18:
+        raise ValueError(f"not a size: {text!r}")
+    return int(number * 1024 ** _POWERS[unit])
+
 
 class Lines:
     """Where a key is written in the file, for messages."""
@@ -93,3 +106,22 @@ def retention(table: dict[str, Any], lines: Lines, where: tuple[str, ...] | None
         )
     except BadPolicy as exc:
         raise ConfigError(lines.at(where, exc.setting), f"{what}{exc}") from None
+
+
+def size(table: dict[str, Any], key: str, lines: Lines, where: tuple[str, ...] | None, example: str) -> int | None:
+    """A size setting of ``table``: bytes, or a size with K, M, G, T (powers of 1024); None when not set."""
+    value = table.get(key)
+    if value is None:
+        return None
+    try:
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise ValueError(value)
+        found = value if isinstance(value, int) else parse_size(value)
+        if found <= 0:
+            raise ValueError(value)
+    except ValueError:
+        what = ".".join((*(where or ()), key))
+        raise ConfigError(
+            lines.at(where, key), f"{what}: expected a size in bytes above 0 ({example}), got {shown(value)}"
+        ) from None
+    return found

@@ -46,9 +46,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..archive.store import BucketClient, Location, connect
 from ..errors import ConfigError, KeyFileError, UsageError
-from ..io.settings import RETENTION, Lines, read, retention, shown
+from ..io.settings import RETENTION, Lines, read, retention, shown, size
 from ..retention import Policy
-from ..transfer.progress import parse_size
 from ..transport.address import Address
 from ..transport.tls import MODES
 from ..transport.tls.keys import load_key
@@ -236,7 +235,7 @@ def _clients(
         kind = "receive" if "receive" in settings else "store"
         place = _text(settings, kind, lines, name)
         trusted = _networks(settings.get("trusted", []), lines, name)
-        quota = _quota(settings, lines, name)
+        quota = size(settings, "quota", lines, ("clients", name), "500000000000, 500G")
         preserve = retention(settings, lines, ("clients", name))
         if kind == "store" and place.startswith("s3://"):
             try:
@@ -283,25 +282,6 @@ def _networks(value: Any, lines: Lines, name: str) -> tuple[Network, ...]:
             network = ipaddress.IPv4Network((mapped, network.prefixlen - 96))  # a peer's address is taken so too
         networks.append(network)
     return tuple(networks)
-
-
-def _quota(settings: dict[str, Any], lines: Lines, name: str) -> int | None:
-    """``quota``: bytes (``500000000``) or a size (``500G``, powers of 1024); None when not set."""
-    value = settings.get("quota")
-    if value is None:
-        return None
-    try:
-        if isinstance(value, bool) or not isinstance(value, int | str):
-            raise ValueError(value)
-        quota = value if isinstance(value, int) else parse_size(value)
-        if quota <= 0:
-            raise ValueError(value)
-    except ValueError:
-        raise ConfigError(
-            lines.at(("clients", name), "quota"),
-            f"clients.{name}.quota: expected a size in bytes above 0 (500000000000, 500G), got {shown(value)}",
-        ) from None
-    return quota
 
 
 def _one_client_per_address(clients: dict[str, Client], lines: Lines) -> None:

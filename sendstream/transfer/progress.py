@@ -15,20 +15,6 @@ REDRAW = 0.25
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
 
-_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
-
-
-def parse_size(text: str) -> int:
-    """A size in bytes: ``123456``, ``300M``, ``1.5G``, ``2TiB`` (K, M, G, T are powers of 1024); ValueError
-    for anything else (a negative, NaN or infinite number among them)."""
-    text = text.strip().lower().removesuffix("b").removesuffix("i")
-    unit = text[-1:] if text[-1:].isalpha() else ""
-    number = float(text[: len(text) - len(unit)])
-    if unit not in _POWERS or not 0 <= number < 1e18:
-        raise ValueError(f"not a size: {text!r}")
-    return int(number * 1024 ** _POWERS[unit])
-
-
 def size(n: float) -> str:
     """``n`` bytes in binary units with three significant digits: ``1.06 GiB``, ``512 B``."""
     unit = 0

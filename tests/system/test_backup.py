@@ -10,21 +10,31 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import os
 import random
+import re
 import shlex
+import signal
 import subprocess
+import threading
+import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.btrfs import need_root_btrfs
 from support.loopfs import btrfs_loop
-from support.net import CMD, key_file
-from support.s3 import seaweedfs
+from support.net import CMD, free_port, key_file, wait_listening
+from support.s3 import Store, seaweedfs
 from support.storing import Log, running
 from support.trees import differences
 
+from sendstream.archive.state import STATE_SUFFIX
+from sendstream.archive.state import load as load_state
+from sendstream.archive.store import Location
 from sendstream.backup.config import Config
 from sendstream.backup.config import load as load_backup
 from sendstream.backup.plan import Held
@@ -77,6 +87,13 @@ def seed(root: Path) -> None:
     os.symlink("dir/file", root / "symlink")
 
 
+def credentials(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's credentials in this process's environment, as a host's would be."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_CONFIG_FILE",
+                 "AWS_SHARED_CREDENTIALS_FILE", "AWS_ENDPOINT_URL"):  # fmt: skip
+        monkeypatch.setenv(name, store.env[name])
+
+
 def held_names(held: list[Held]) -> set[str]:
     return {h.snapshot for h in held if h.snapshot}
 
@@ -113,9 +130,7 @@ def test_nightly_runs_keep_every_target_as_its_policy_says_and_every_kept_snapsh
         usb = stack.enter_context(btrfs_loop("1G"))
         (tmp_path / "weed").mkdir()
         store = stack.enter_context(seaweedfs(tmp_path / "weed"))
-        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_CONFIG_FILE",
-                     "AWS_SHARED_CREDENTIALS_FILE"):  # fmt: skip
-            monkeypatch.setenv(name, store.env[name])
+        credentials(store, monkeypatch)
         bucket = store.bucket()
         for name in ("home", "srv"):
             seed(host / name)
@@ -272,3 +287,176 @@ def _with_parents(wanted: set[str], held: list[Held]) -> set[str]:
                 at = by_uuid[at.parent_uuid]
                 out.add(str(at.snapshot))
     return out
+
+
+class Served:
+    """``sendstream serve`` in a process of its own (to be killed), its JSON log read as it comes."""
+
+    def __init__(self, config: Path, port: int) -> None:
+        self.config, self.port = config, port
+        self.events: list[dict[str, Any]] = []
+        self._changed = threading.Condition()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [*CMD, "serve", "--config", str(self.config), "--log-format", "json"],
+            stderr=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        threading.Thread(target=self._read, args=(self.process,), daemon=True).start()
+        wait_listening(self.port)
+
+    def _read(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            with self._changed:
+                self.events.append(json.loads(line))
+                self._changed.notify_all()
+
+    def seen(self, event: str, after: int = 0, timeout: float = 120) -> dict[str, Any]:
+        """The first ``event`` logged after the first ``after`` events, once it is."""
+        with self._changed:
+            found = self._changed.wait_for(
+                lambda: next((x for x in self.events[after:] if x["event"] == event), None), timeout
+            )
+        assert found, f"no {event} after event {after}: {self.events}"
+        return found
+
+    def kill(self) -> None:
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(60)
+
+
+def until(done: Callable[[], bool], what: str, timeout: float = 120) -> None:
+    """Until ``done()`` (a state the test observes: a journal's size, an upload's parts)."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"not {what} after {timeout} s"
+        time.sleep(0.01)
+
+
+def checkpointed(place: Path) -> bool:
+    """Whether a transfer into ``place`` has a durable checkpoint (its journal's resume state)."""
+    return any(place.glob(".*.incoming*.resume"))
+
+
+def upload_saved(client: Any, bucket: str, key: bytes) -> bool:
+    """Whether a resumable upload into ``bucket`` has saved a state with a part in it."""
+    listed = client.list_objects_v2(Bucket=bucket, Prefix="host/").get("Contents", [])
+    names = [x["Key"][len("host/") : -len(STATE_SUFFIX)] for x in listed if x["Key"].endswith(STATE_SUFFIX)]
+    return any((saved := load_state(client, Location(bucket, "host/"), n, key)) and saved.parts for n in names)
+
+
+def test_a_run_killed_at_each_step_and_run_again_leaves_every_snapshot_everywhere_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL of ``backup run`` (its service transfer half journaled), of the service (the same), of the
+    store (an upload with parts in it), each on that observed event; each time the next run completes:
+    every snapshot taken is on every target, none was taken twice, no stream is stored twice, and the
+    service and the bucket resume where the cut one stopped (nothing of the kept part sent again)."""
+    need_root_btrfs()
+    port = free_port()
+    rng = random.Random(2929)
+    with ExitStack() as stack:
+        host = stack.enter_context(btrfs_loop("1G"))
+        usb = stack.enter_context(btrfs_loop("1G"))
+        (tmp_path / "weed").mkdir()
+        store = stack.enter_context(seaweedfs(tmp_path / "weed"))
+        credentials(store, monkeypatch)
+        bucket, client = store.bucket(), store.client()
+        seed(host / "home")
+        key_file(tmp_path / "web1.key")
+        place = tmp_path / "place"
+        place.mkdir()
+        (tmp_path / "serve.toml").write_text(
+            f'listen = "127.0.0.1:{port}"\n[clients.web1]\nkey = "web1.key"\nstore = "{place}"\n'
+        )
+        service = Served(tmp_path / "serve.toml", port)
+        stack.callback(service.stop)
+        service.start()
+        (tmp_path / "backup.toml").write_text(f"""
+lock = "backup.lock"
+[subvolumes.home]
+path = "{host}/home"
+[targets.files]
+service = "127.0.0.1:{port}"
+key = "web1.key"
+identity = "web1"
+retries = 1
+rate_limit = "64M"
+[targets.bucket]
+bucket = "s3://{bucket}/host"
+key = "web1.key"
+retries = 1
+[targets.usb]
+receive = "{usb}"
+""")
+        argv = [*CMD, "backup", "run", "--config", str(tmp_path / "backup.toml")]
+
+        def started(mib: int = 40) -> subprocess.Popen[str]:
+            (host / "home" / "big").write_bytes(rng.randbytes(mib << 20))  # an incremental of that size
+            return subprocess.Popen(argv, env=store.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)  # fmt: skip
+
+        def again(code: int = 0) -> str:
+            done = subprocess.run(argv, env=store.env, text=True, capture_output=True, timeout=600)
+            assert done.returncode == code, done.stderr
+            return done.stdout
+
+        # the run itself, killed while the service journals its stream
+        mark = len(service.events)
+        running = started()
+        service.seen("transfer", mark)
+        until(lambda: checkpointed(place), "a checkpoint journaled")
+        os.killpg(running.pid, signal.SIGKILL)
+        running.wait()
+        mark = len(service.events)
+        said = again()
+        assert re.search(r"home -> files: sent \S+ whole \([\d,]+ bytes; resumed at offset [\d,]+\)", said), said
+        assert service.seen("transfer", mark).get("resumed", 0) > 0
+
+        # the service, killed while it journals
+        mark = len(service.events)
+        running = started()
+        service.seen("transfer", mark)
+        until(lambda: checkpointed(place), "a checkpoint journaled")
+        service.kill()
+        out, err = running.communicate(timeout=600)
+        assert running.returncode == 10 and "1 target failed: files:" in err, (out, err)
+        assert "home -> bucket: sent" in out and "home -> usb: sent" in out, out
+        service.start()
+        mark = len(service.events)
+        said = again()
+        resumed = re.search(r"home -> files: sent (\S+) from \S+ \([\d,]+ bytes; resumed at offset [\d,]+\)", said)
+        assert resumed, (said, service.events[mark:])
+        assert f"bucket: sent {resumed[1]} " not in said and f"usb: sent {resumed[1]} " not in said, said
+        assert service.seen("transfer", mark).get("resumed", 0) > 0
+
+        # the store, killed with parts of an upload in it
+        running = started(160)  # parts of 8 MiB, their state saved as they complete
+        key = (tmp_path / "web1.key").read_bytes()
+        until(lambda: upload_saved(client, bucket, key), "an upload's state saved with a part")
+        store.stop(signal.SIGKILL)
+        out, err = running.communicate(timeout=600)
+        assert running.returncode == 10 and "1 target failed: bucket:" in err, (out, err)
+        store.start()
+        said = again()
+        assert re.search(r"home -> bucket: sent \S+ from \S+ \([\d,]+ bytes; resumed at offset [\d,]+\)", said), said
+
+        config = load_backup(str(tmp_path / "backup.toml"))
+        local = local_snapshots(config.subvolumes["home"])
+        assert len(local) == 6, [s.name for s in local]  # one a run: none taken twice
+        for target in config.targets:
+            held = _held(config, target)
+            uuids = [h.uuid for h in held]
+            assert sorted(uuids) == sorted(s.uuid for s in local), target  # every one, each once
+        assert len(list(place.glob("*.stream"))) == 6 and not list(place.glob(".*"))
+        newest = local[-1].name
+        for kind, where in (("file", str(place)), ("bucket", f"s3://{bucket}/host"), ("receive", str(usb))):
+            restore_and_compare(kind, where, newest, host / newest, usb / "scratch", store.env)

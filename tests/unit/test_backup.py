@@ -44,9 +44,13 @@ def held_chain(snapshots: list[Local], full_at: int = 0) -> list[Held]:
     ]
 
 
-def test_a_target_that_holds_nothing_gets_the_newest_whole() -> None:
+def test_a_target_that_holds_nothing_gets_the_oldest_whole_and_every_later_one() -> None:
     mine = local(3)
-    assert [(s.snapshot, s.parent) for s in sends(mine, [], START, P)] == [("home.002", None)]
+    assert [(s.snapshot, s.parent) for s in sends(mine, [], START, P)] == [
+        ("home.000", None),
+        ("home.001", "home.000"),
+        ("home.002", "home.001"),
+    ]
     assert sends([], [], START, P) == []
 
 
@@ -253,6 +257,7 @@ service = "backup.example:7000"
 key = "web1.key"
 identity = "web1"
 warn_after = "2d"
+rate_limit = "30M"
 
 [targets.offsite]
 bucket = "s3://backups/web1"
@@ -274,6 +279,7 @@ def test_a_configuration_names_subvolumes_targets_and_policies(tmp_path: Path) -
     assert str(home.preserve) != str(srv.preserve) and srv.snapshots == str(tmp_path / "usb")
     nas, offsite, usb = (config.targets[n] for n in ("nas", "offsite", "usb"))
     assert (nas.kind, nas.identity, nas.key, nas.warn_after) == ("service", "web1", bytes(range(32)), dt.timedelta(2))
+    assert nas.rate_limit == 30 << 20 and config.targets["offsite"].rate_limit is None
     assert (offsite.kind, offsite.full_every, offsite.key) == ("bucket", Rotation(age=dt.timedelta(30)), None)
     assert offsite.preserve is not None and usb.place == str(tmp_path / "usb") and usb.full_every == Rotation(5)
     assert KEEP_ALL.keeps_all
@@ -283,15 +289,16 @@ def test_a_configuration_names_subvolumes_targets_and_policies(tmp_path: Path) -
     ("change", "line", "said"),
     [
         (('identity = "web1"', 'identity = ""'), 16, "targets.nas.identity: expected a non-empty string"),
-        (('full_every = "30d"', 'full_every = "30"'), 21, "targets.offsite.full_every = '30': expected"),
+        (('full_every = "30d"', 'full_every = "30"'), 22, "targets.offsite.full_every = '30': expected"),
         (('warn_after = "2d"', 'warn_after = "soon"'), 17, "targets.nas.warn_after = 'soon': expected an age"),
         (('targets = ["nas", "usb"]', 'targets = ["nas", "tape"]'), 6, "no target is called 'tape'"),
-        (('receive = "usb"', 'receive = "nowhere"'), 25, "targets.usb.receive: "),
+        (('receive = "usb"', 'receive = "nowhere"'), 26, "targets.usb.receive: "),
         (('preserve = "2d"', 'preserve = "2x"'), 11, "subvolumes.srv.preserve = '2x': expected"),
-        (("[targets.usb]", "[targets.usb]\npreserve_min = 'no'"), 25, "targets.usb.preserve_min: goes with preserve"),
+        (("[targets.usb]", "[targets.usb]\npreserve_min = 'no'"), 26, "targets.usb.preserve_min: goes with preserve"),
         (('service = "backup.example:7000"', 'service = "backup.example"'), 14, "targets.nas.service: "),
         (('key = "web1.key"', 'key = "missing.key"'), 15, "targets.nas.key: "),
-        (("[targets.usb]", "[targets.usb]\nbucket = 's3://b/p'"), 24, "targets.usb: expected one of service"),
+        (('rate_limit = "30M"', 'rate_limit = "fast"'), 18, "targets.nas.rate_limit: expected a size in bytes above 0"),
+        (("[targets.usb]", "[targets.usb]\nbucket = 's3://b/p'"), 25, "targets.usb: expected one of service"),
         (('path = "home"\ntargets', 'path = "home"\nsnapshot = "x"\ntargets'), 6, "unknown setting 'snapshot'"),
         (("[targets.nas]", "[targets.nas]\nfull_every = 3"), 14, "targets.nas: unknown setting 'full_every'"),
     ],
