@@ -460,3 +460,54 @@ receive = "{usb}"
         newest = local[-1].name
         for kind, where in (("file", str(place)), ("bucket", f"s3://{bucket}/host"), ("receive", str(usb))):
             restore_and_compare(kind, where, newest, host / newest, usb / "scratch", store.env)
+
+
+def test_a_target_down_full_or_refusing_fails_alone_and_status_shows_it(tmp_path: Path) -> None:
+    """Four targets: a service that takes the stream, one whose client's quota is full, one that refuses
+    the key, one where nothing listens. The run backs up to the first and names the three others (exit 10);
+    the host keeps every snapshot they lack whatever its policy; status says each (exit 11)."""
+    need_root_btrfs()
+    port, closed = free_port(), free_port()
+    with ExitStack() as stack:
+        host = stack.enter_context(btrfs_loop("512M"))
+        seed(host / "home")
+        for name in ("web1", "tiny", "wrong"):
+            key_file(tmp_path / f"{name}.key")
+        for name in ("web1", "tiny"):
+            (tmp_path / name).mkdir()
+        (tmp_path / "serve.toml").write_text(
+            f'listen = "127.0.0.1:{port}"\n[clients.web1]\nkey = "web1.key"\nstore = "web1"\n'
+            '[clients.tiny]\nkey = "tiny.key"\nstore = "tiny"\nquota = "4K"\n'
+        )
+        service = Served(tmp_path / "serve.toml", port)
+        stack.callback(service.stop)
+        service.start()
+        target = 'service = "127.0.0.1:{}"\nkey = "{}.key"\nidentity = "{}"\nretries = 0\n'
+        (tmp_path / "backup.toml").write_text(
+            f'lock = "backup.lock"\npreserve = "1h"\npreserve_min = "no"\n[subvolumes.home]\npath = "{host}/home"\n'
+            f"[targets.good]\n{target.format(port, 'web1', 'web1')}"
+            f"[targets.full]\n{target.format(port, 'tiny', 'tiny')}"
+            f"[targets.refusing]\n{target.format(port, 'wrong', 'web1')}"
+            f"[targets.down]\n{target.format(closed, 'web1', 'web1')}"
+        )
+        config = ["--config", str(tmp_path / "backup.toml")]
+        for round in range(2):
+            (host / "home" / f"round-{round}").write_text(f"{round}\n")
+            done = subprocess.run([*CMD, "backup", "run", *config], capture_output=True, text=True, timeout=300)
+            assert done.returncode == 10, done.stderr
+            assert "home -> good: sent" in done.stdout, done.stdout
+            (said,) = [line for line in done.stderr.splitlines() if "failed" in line]
+            assert "3 targets failed: full: " in said, said
+            assert "; refusing: " in said and "; down: " in said, said
+            assert "quota" in said.split("; refusing:")[0], said  # what each one's failure was
+        local = local_snapshots(load_backup(str(tmp_path / "backup.toml")).subvolumes["home"])
+        assert len(local) == 2  # the policy keeps one; the failing targets lack both
+        status = subprocess.run([*CMD, "backup", "status", *config, "--json"], capture_output=True, text=True)
+        assert status.returncode == 11, status.stderr
+        rows = {row["target"]: row for row in map(json.loads, status.stdout.splitlines())}
+        assert not rows["good"]["stale"] and rows["good"]["last"] == local[-1].name and rows["good"]["chain"] == 1
+        assert rows["full"]["stale"] and rows["full"]["last"] is None
+        assert [s["snapshot"] for s in rows["full"]["next"]] == [s.name for s in local]
+        assert rows["refusing"]["stale"] and "handshake" in rows["refusing"]["error"]
+        assert rows["down"]["stale"] and "refused" in rows["down"]["error"]
+        assert "behind: home -> full, home -> refusing, home -> down" in status.stderr, status.stderr

@@ -5,6 +5,7 @@ to) the code."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import runpy
@@ -243,21 +244,22 @@ def test_a_fleet_as_the_readme_says(tmp_path: Path) -> None:
         data_subvolume(srv)
         lines = commands(
             example(README, "fleet"),
-            {"/etc/sendstream": str(etc), "/backup": str(backup), "/srv": str(srv), "backup.example": "127.0.0.1",
+            {"/etc/sendstream": str(etc), "/backup/": f"{backup}/", "/srv": str(srv), "backup.example": "127.0.0.1",
              ":7000": f":{port}"},
         )  # fmt: skip
         with host(tmp_path, env, port) as run:
             for line in lines:
-                if "--identity web1" in line and not (etc / "web1.key").exists():
+                if "backup.toml" in line and not (etc / "web1.key").exists():
                     shutil.copy2(etc / "keys" / "web1.key", etc / "web1.key")  # "with the key copied to ..."
                 run.run(line)
             assert "ok: 1 client (web1)" in run.outputs[2], run.outputs[2]
-            listed = run.outputs[-1].splitlines()
-            assert len(listed) == 1 and re.fullmatch(
-                r"([0-9a-f-]{36}\.\d+) full \1\.stream snapshot \S+ arrived \S+", listed[0]
-            ), listed
+            took, status = run.outputs[-2:]
+            (snapshot,) = re.findall(r"^data: took (data\.\d{8}T\d{4})$", took, re.M)
+            assert f"data -> nas: sent {snapshot} whole (" in took, took
+            assert status.startswith(f"data -> nas (service): last {snapshot} ("), status
             stored = sorted(p.name for p in backup.joinpath("web1").iterdir())
             assert len(stored) == 2 and stored[0].endswith(".stream") and stored[1].endswith(".stream.json"), stored
+            assert json.loads((backup / "web1" / stored[1]).read_text())["snapshot"] == snapshot
         (service,) = run.background
         assert service.returncode == 0, service.stderr.read() if service.stderr else ""
 
