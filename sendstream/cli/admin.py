@@ -49,17 +49,21 @@ def key_fingerprint(file: str) -> None:
 
 @click.command(cls=Group.command_class)
 @click.argument(
-    "page", required=False, default="sendstream", type=click.Choice(["sendstream", "sendstream-serve.toml"])
+    "page",
+    required=False,
+    default="sendstream",
+    type=click.Choice(["sendstream", "sendstream-serve.toml", "sendstream-backup.toml"]),
 )
 @click.pass_context
 def man(ctx: click.Context, page: str) -> None:
-    """Print a manual page (roff): sendstream(1), made from these commands' own help, or
-    sendstream-serve.toml(5), the service's configuration file."""
-    from .manual import manpage, serve_toml_page
+    """Print a manual page (roff): sendstream(1), made from these commands' own help,
+    sendstream-serve.toml(5), the service's configuration file, or sendstream-backup.toml(5), a host's."""
+    from .manual import backup_toml_page, manpage, serve_toml_page
 
     root = ctx.find_root().command
     assert isinstance(root, click.Group)
-    click.echo(manpage(root) if page == "sendstream" else serve_toml_page(), nl=False)
+    pages = {"sendstream-serve.toml": serve_toml_page, "sendstream-backup.toml": backup_toml_page}
+    click.echo(manpage(root) if page == "sendstream" else pages[page](), nl=False)
 
 
 @click.command(cls=Group.command_class)

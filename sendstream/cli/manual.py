@@ -59,6 +59,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "sendstream man sendstream-serve.toml | man -l -",
         "sendstream man > /usr/local/share/man/man1/sendstream.1",
         "sendstream man sendstream-serve.toml > /usr/local/share/man/man5/sendstream-serve.toml.5",
+        "sendstream man sendstream-backup.toml | man -l -",
     ),
 }
 
@@ -107,7 +108,10 @@ FILES = (
     ("NAME.stream, NAME.stream.json", "serve, a client's store place: a stored stream and its manifest"),
     (".NAME.incoming.part", "serve: the journal of a transfer not yet whole, resumed when its sender comes back"),
     ("/etc/sendstream/serve.toml", "serve --config: the service's configuration, see sendstream-serve.toml(5)"),
-    ("/etc/sendstream/backup.toml", "backup --config: the host's subvolumes, targets and policies (the backups guide)"),
+    (
+        "/etc/sendstream/backup.toml",
+        "backup --config: the host's subvolumes, targets and policies, see sendstream-backup.toml(5)",
+    ),
     ("/run/lock/sendstream-backup.lock", "backup run: held while a run runs (its process ID in it)"),
     ("contrib/sendstream-backup.service, .timer", "in the source: backup run every night under systemd"),
     ("contrib/sendstream-serve.service", "in the source: the service under systemd, sandboxed"),
@@ -312,6 +316,99 @@ def serve_toml_page() -> str:
         ".fi",
         ".SH SEE ALSO",
         "\\fBsendstream\\fR(1)",
+    ]
+    return "\n".join(out) + "\n"
+
+
+# sendstream-backup.toml(5): every setting of a host's backup file, by table.
+BACKUP_SETTINGS = (
+    ("lock", "the file a run holds locked, so that two runs never overlap; default /run/lock/sendstream-backup.lock"),
+    ("preserve", 'what of the host\'s snapshots is kept, a btrbk preserve policy ("7d 4w"); default: all'),
+    ("preserve_min", "with preserve: keep everything younger than this age (2d), or all, latest (the default), no"),
+    ("preserve_day_of_week", "with preserve: the day weeks start on; default: sunday"),
+    ("preserve_hour_of_day", "with preserve: the hour days start at, 0 to 23; default: 0"),
+)
+SUBVOLUME_SETTINGS = (
+    ("path", "the subvolume; required. Its snapshots are NAME.YYYYMMDDTHHMM, NAME the table's"),
+    ("snapshots", "the directory its read-only snapshots go into; default: the one the subvolume is in"),
+    ("targets", "the names of the targets it goes to (a list); default: every target"),
+    ("preserve, preserve_min, preserve_day_of_week, preserve_hour_of_day", "its own policy, instead of the file's"),
+)
+TARGET_SETTINGS = (
+    ("service", "HOST:PORT of a sendstream serve; with key and identity. It keeps by its own serve.toml"),
+    ("bucket", "s3://BUCKET/PREFIX: an archive in object storage (the AWS_* credentials, as boto3 finds them)"),
+    ("receive", "a directory on btrfs that btrfs receive writes into (an external disk)"),
+    (
+        "key",
+        "a service's: the pre-shared key file; a bucket's: signs its resumable upload state (without: not resumable)",
+    ),
+    ("identity", "a service's: the client name the key goes by"),
+    ("tls", "a service's TLS mode; default tls13-aes128-gcm"),
+    ("timeout", "a service's: seconds for a connection and its handshake; 0.1 to 3600, default 30"),
+    ("rate_limit", "a service's: bytes a second at most (30M); default: no bound"),
+    ("retries", "a service's or a bucket's: attempts again after a failure, per outage; 0 to 1000, default 5"),
+    ("encrypt_key", "a bucket's: the key its parts are sealed with"),
+    ("endpoint_url", "a bucket's: the object store's endpoint (or AWS_ENDPOINT_URL)"),
+    (
+        "full_every",
+        "a bucket's or a receive directory's: a full stream again after this many incrementals (10) "
+        '(or this age, "30d")',
+    ),
+    ("warn_after", 'backup status exits 11 when the newest snapshot there is older ("2d")'),
+    (
+        "preserve, preserve_min, preserve_day_of_week, preserve_hour_of_day",
+        "a bucket's or a receive directory's policy: what a run keeps there; default: all",
+    ),
+)
+BACKUP_EXAMPLE = """preserve = "7d 4w"
+
+[subvolumes.home]
+path = "/home"
+snapshots = "/snapshots"
+
+[targets.nas]
+service = "backup.example:7000"
+key = "/etc/sendstream/web1.key"
+identity = "web1"
+warn_after = "2d"
+
+[targets.offsite]
+bucket = "s3://backups/web1"
+key = "/etc/sendstream/web1.key"
+full_every = "30d"
+preserve = "30d 12m"
+"""
+
+
+def backup_toml_page() -> str:
+    """``sendstream-backup.toml(5)`` in roff: a host's backup configuration, table by table."""
+    out = [
+        _header("sendstream-backup.toml", 5),
+        ".SH NAME",
+        "sendstream\\-backup.toml \\- the configuration of sendstream backup",
+        ".SH SYNOPSIS",
+        "\\fBsendstream backup run\\fR|\\fBstatus\\fR [\\fB\\-\\-config\\fR \\fIFILE\\fR]",
+        ".SH DESCRIPTION",
+        _roff(
+            "A TOML file (at most 1 MiB; /etc/sendstream/backup.toml by default) that names the subvolumes a host "
+            "backs up and the targets they go to. Paths are relative to its directory; every key file is read "
+            "when it is; a mistake is named with the file, the line and what was expected. Policies are btrbk's "
+            "preserve syntax, by the time in each snapshot's name."
+        ),
+        ".SH SETTINGS",
+        *_entries(tuple((n, m + ".") for n, m in BACKUP_SETTINGS)),
+        ".SH SUBVOLUMES",
+        _roff("Each subvolume is a table [subvolumes.NAME]; NAME is 1-64 letters, digits, '_', '-'."),
+        *_entries(tuple((n, m + ".") for n, m in SUBVOLUME_SETTINGS)),
+        ".SH TARGETS",
+        _roff("Each target is a table [targets.NAME] with one of service, bucket or receive."),
+        *_entries(tuple((n, m + ".") for n, m in TARGET_SETTINGS)),
+        ".SH EXAMPLE",
+        ".nf",
+        _roff(BACKUP_EXAMPLE),
+        ".fi",
+        ".SH SEE ALSO",
+        "\\fBsendstream\\fR(1), \\fBsendstream\\-serve.toml\\fR(5)",
     ]
     return "\n".join(out) + "\n"
 

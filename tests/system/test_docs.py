@@ -385,6 +385,7 @@ def test_the_manual_pages_install_as_documented(tmp_path: Path) -> None:
             subprocess.run(["bash", "-c", line], env=env, check=True)
     assert (man / "man1" / "sendstream.1").read_text().startswith(".TH SENDSTREAM 1")
     assert (man / "man5" / "sendstream-serve.toml.5").read_text().startswith(".TH SENDSTREAM-SERVE.TOML 5")
+    assert (man / "man5" / "sendstream-backup.toml.5").read_text().startswith(".TH SENDSTREAM-BACKUP.TOML 5")
 
 
 def test_the_first_command_installs_into_a_venv_of_the_system_python(tmp_path: Path) -> None:
@@ -480,7 +481,7 @@ def test_the_cli_reference_is_made_from_the_declarations_at_build_time() -> None
     assert "| `--tls [none|tls12-aes128-gcm|" in made  # in backticks, a choice's | does not end the cell
 
 
-@pytest.mark.parametrize("page", ["sendstream", "sendstream-serve.toml"])
+@pytest.mark.parametrize("page", ["sendstream", "sendstream-serve.toml", "sendstream-backup.toml"])
 @pytest.mark.parametrize("width", [60, 80])
 def test_the_manual_pages_render_without_a_warning(page: str, width: int) -> None:
     if shutil.which("groff") is None:
@@ -495,6 +496,19 @@ def test_the_manual_pages_render_without_a_warning(page: str, width: int) -> Non
             assert f"\n.SH {section}\n".encode() in roff
         for name in (b"AWS_ENDPOINT_URL", b"TZ", b"SENDSTREAM_PURE"):
             assert name in roff
+
+
+def test_the_backup_page_tells_every_setting() -> None:
+    from sendstream.backup import config
+    from sendstream.cli.manual import BACKUP_SETTINGS, SUBVOLUME_SETTINGS, TARGET_SETTINGS, backup_toml_page
+
+    def names(pairs: tuple[tuple[str, str], ...]) -> set[str]:
+        return {name for names, _ in pairs for name in names.split(", ")}
+
+    assert names(BACKUP_SETTINGS) | {"subvolumes", "targets"} == config._TOP
+    assert names(SUBVOLUME_SETTINGS) == config._SUBVOLUME
+    assert names(TARGET_SETTINGS) == set().union(*config._TARGET.values())
+    assert "\\fBfull_every\\fR" in backup_toml_page()
 
 
 def test_the_configuration_page_tells_every_setting_with_its_default() -> None:
