@@ -267,9 +267,13 @@ preserve_hour_of_day = 1
         assert not any(r["stale"] or r["next"] for r in rows), rows
         stale = status(config, now=clock[0] + dt.timedelta(days=2))
         assert [r["target"] for r in stale if r["stale"]] == ["files", "files"]  # only it has warn_after
+        restored = 0
         for target in places:  # at the end every kept snapshot that is on the host restores
             for pick in sorted(held_names(_held(config, target)) & set(os.listdir(host / "snapshots"))):
                 restore_and_compare(kinds[target], places[target], pick, host / "snapshots" / pick, scratch, store.env)
+                restored += 1
+        sent_counts = ", ".join(f"{t} {len(n)}" for t, n in sent.items())
+        print(f"\n{DAYS} days, {len(taken)} snapshots taken; sent: {sent_counts}; {restored} restored at the end")
 
 
 def _held(config: Config, target: str) -> list[Held]:
