@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ..stores.store import Store
 
 Say = Callable[[str], object]
+_SUBVOLUME_ROOT = 256  # the inode of a btrfs subvolume's root directory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +77,13 @@ def locked(path: str) -> Iterator[None]:
 
 def local_snapshots(subvolume: Subvolume) -> list[Local]:
     """The host's read-only snapshots of ``subvolume`` (``NAME.YYYYMMDDTHHMM`` in its snapshot directory),
-    oldest first."""
+    oldest first; a usage error when its path is not a btrfs subvolume."""
+    try:
+        root = os.stat(subvolume.path).st_ino == _SUBVOLUME_ROOT
+    except OSError as exc:
+        raise e.OutputError(subvolume.path, f"subvolumes.{subvolume.name}.path: {exc.strerror}") from None
+    if not root:
+        raise e.UsageError(f"subvolumes.{subvolume.name}.path {subvolume.path!r} is not a btrfs subvolume")
     mine, _ = placed(subvolume.snapshots)
     out = []
     for name, found in mine.items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import fcntl
 import json
 import os
 import random
@@ -515,3 +516,32 @@ def test_a_target_down_full_or_refusing_fails_alone_and_status_shows_it(tmp_path
         assert rows["refusing"]["stale"] and "handshake" in rows["refusing"]["error"]
         assert rows["down"]["stale"] and "refused" in rows["down"]["error"]
         assert "behind: home -> full, home -> refusing, home -> down" in status.stderr, status.stderr
+
+
+def test_a_second_run_while_one_runs_stops_at_once_naming_the_lock(tmp_path: Path) -> None:
+    """Two runs never overlap: while the lock is held (as a run holds it: flock, its process ID in it), a
+    run stops before it takes a snapshot (exit 4) and says who holds it; once it is free, nothing stale
+    in the file stops a run."""
+    (tmp_path / "home").mkdir()
+    key_file(tmp_path / "web1.key")
+    lock = tmp_path / "backup.lock"
+    (tmp_path / "backup.toml").write_text(
+        'lock = "backup.lock"\n[subvolumes.home]\npath = "home"\n[targets.nas]\nservice = "127.0.0.1:1"\n'
+        'key = "web1.key"\nidentity = "web1"\nretries = 0\n'
+    )
+    argv = [*CMD, "backup", "run", "--config", str(tmp_path / "backup.toml")]
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, b"4242\n")
+        held = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    finally:
+        os.close(fd)
+    assert held.returncode == 4, held.stderr
+    assert held.stderr == f"sendstream: error: another backup run holds {lock} (process 4242): this one stops\n"
+    assert held.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "backup.lock", "backup.toml", "home", "web1.key"
+    ]  # fmt: skip
+    free = subprocess.run(argv, capture_output=True, text=True, timeout=60)  # then: what is wrong next
+    assert free.returncode == 2, free.stderr
+    assert free.stderr.endswith(f"subvolumes.home.path '{tmp_path / 'home'}' is not a btrfs subvolume\n"), free.stderr
