@@ -169,8 +169,9 @@ class MappedWindows:
         length = min(max(self._size, _pages(skip + need)), left)
         if length <= skip:
             return Window(memoryview(b""), 0, True, offset - self._base)
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        mapped = mmap.mmap(self._fd, length, flags=flags, prot=mmap.PROT_READ, offset=start)
+        # faulted in as read (the kernel maps 16 pages a fault): MAP_POPULATE cost 13-15% more, its page
+        # walk marking every page accessed (docs/contributing/benchmarks.md, "The verifier at the read limit")
+        mapped = mmap.mmap(self._fd, length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=start)
         self._guard(mapped, start - self._base)
         self._start = start
         # the previous mapping is unmapped when the last view into it goes
