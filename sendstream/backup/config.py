@@ -204,6 +204,12 @@ def _targets(value: Any, lines: Lines, base: str, warn: Callable[[str], object] 
         except BadPolicy as exc:
             raise ConfigError(lines.at(where, exc.setting), f"{what}{exc}") from None
         fields["preserve"] = retention(settings, lines, where)
+        if fields["preserve"] is not None and "encrypt_key" in fields:
+            raise ConfigError(
+                lines.at(where, "preserve"),
+                f"targets.{name}.preserve: a bucket sealed with encrypt_key keeps its snapshots' names sealed, so no "
+                "policy can place them by time; keep such a bucket with its store's own lifecycle rules",
+            )
         out[name] = Target(name, kind, place, **fields)
     return out
 

@@ -357,7 +357,7 @@ TARGET_SETTINGS = (
     ("warn_after", 'backup status exits 11 when the newest snapshot there is older ("2d")'),
     (
         "preserve, preserve_min, preserve_day_of_week, preserve_hour_of_day",
-        "a bucket's or a receive directory's policy: what a run keeps there; default: all",
+        "a bucket's (not with encrypt_key) or a receive directory's policy: what a run keeps there; default: all",
     ),
 )
 BACKUP_EXAMPLE = """preserve = "7d 4w"

@@ -99,15 +99,18 @@ def held_names(held: list[Held]) -> set[str]:
     return {h.snapshot for h in held if h.snapshot}
 
 
-def restore_and_compare(kind: str, place: str, snapshot: str, source: Path, scratch: Path, env: dict[str, str]) -> None:
-    """``snapshot`` as the target gives it back, compared with its source on the host."""
+def restore_and_compare(
+    kind: str, place: str, snapshot: str, source: Path, scratch: Path, env: dict[str, str], *extra: str, by: str = ""
+) -> None:
+    """``snapshot`` as the target gives it back (``extra``: restore's options; ``by``: the name or UUID asked
+    for, its name by default), compared with its source on the host."""
     if kind == "receive":
         assert not differences(source, Path(place) / snapshot), (place, snapshot)
         return
     scratch.mkdir()
     try:
         done = subprocess.run(
-            [*CMD, "restore", f"{place}/{snapshot}", "--progress", "none", "--exec",
+            [*CMD, "restore", f"{place}/{by or snapshot}", "--progress", "none", *extra, "--exec",
              f"btrfs receive {shlex.quote(str(scratch))}"],
             capture_output=True, env=env, timeout=300,
         )  # fmt: skip
@@ -377,6 +380,7 @@ def test_a_run_killed_at_each_step_and_run_again_leaves_every_snapshot_everywher
         bucket, client = store.bucket(), store.client()
         seed(host / "home")
         key_file(tmp_path / "web1.key")
+        key_file(tmp_path / "sealing.key")
         place = tmp_path / "place"
         place.mkdir()
         (tmp_path / "serve.toml").write_text(
@@ -398,6 +402,7 @@ rate_limit = "64M"
 [targets.bucket]
 bucket = "s3://{bucket}/host"
 key = "web1.key"
+encrypt_key = "sealing.key"
 retries = 1
 [targets.usb]
 receive = "{usb}"
@@ -463,8 +468,12 @@ receive = "{usb}"
             assert sorted(uuids) == sorted(s.uuid for s in local), target  # every one, each once
         assert len(list(place.glob("*.stream"))) == 6 and not list(place.glob(".*"))
         newest = local[-1].name
-        for kind, where in (("file", str(place)), ("bucket", f"s3://{bucket}/host"), ("receive", str(usb))):
-            restore_and_compare(kind, where, newest, host / newest, usb / "scratch", store.env)
+        sealed = ("--encrypt-key", str(tmp_path / "sealing.key"))  # the bucket's parts are sealed, names too
+        for kind, where, extra, by in (
+            ("file", str(place), (), ""), ("bucket", f"s3://{bucket}/host", sealed, local[-1].uuid),
+            ("receive", str(usb), (), ""),
+        ):  # fmt: skip
+            restore_and_compare(kind, where, newest, host / newest, usb / "scratch", store.env, *extra, by=by)
 
 
 def test_a_target_down_full_or_refusing_fails_alone_and_status_shows_it(tmp_path: Path) -> None:

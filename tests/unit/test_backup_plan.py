@@ -301,6 +301,7 @@ def test_a_configuration_names_subvolumes_targets_and_policies(tmp_path: Path) -
         (("[targets.usb]", "[targets.usb]\nbucket = 's3://b/p'"), 25, "targets.usb: expected one of service"),
         (('path = "home"\ntargets', 'path = "home"\nsnapshot = "x"\ntargets'), 6, "unknown setting 'snapshot'"),
         (("[targets.nas]", "[targets.nas]\nfull_every = 3"), 14, "targets.nas: unknown setting 'full_every'"),
+        (('full_every = "30d"', 'encrypt_key = "web1.key"'), 23, "targets.offsite.preserve: a bucket sealed with"),
     ],
 )
 def test_a_wrong_configuration_names_the_file_line_and_what_was_expected(
