@@ -61,13 +61,13 @@ class ConfigError(UsageError):
 
 
 class BackupFailed(SendStreamError):
-    """Targets failed in a backup run (the others were backed up): ``failed`` names each, with why."""
+    """What failed in a backup run (the rest was done): ``failed`` names each target (or a subvolume's
+    snapshot taken or deleted), with why."""
 
     exit_code = EXIT_BACKUP_FAILED
 
     def __init__(self, failed: dict[str, str]) -> None:
-        several = "s" if len(failed) > 1 else ""
-        super().__init__(f"{len(failed)} target{several} failed: " + "; ".join(f"{n}: {w}" for n, w in failed.items()))
+        super().__init__(f"{len(failed)} failed: " + "; ".join(f"{n}: {w}" for n, w in failed.items()))
         self.failed = failed
 
 

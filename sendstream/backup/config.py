@@ -51,7 +51,7 @@ from ..transport.tls.keys import load_key
 from .plan import Rotation, age, rotation
 
 DEFAULT_PATH = "/etc/sendstream/backup.toml"
-DEFAULT_LOCK = "/run/lock/sendstream-backup.lock"
+DEFAULT_LOCK = "/run/sendstream-backup.lock"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # no dot: a snapshot's name is NAME.YYYYMMDDTHHMM
 KINDS = ("service", "bucket", "receive")
 _TOP = {"lock", "subvolumes", "targets", *RETENTION}
@@ -114,7 +114,26 @@ def load(path: str, warn: Callable[[str], object] | None = None) -> Config:
     targets = _targets(data.get("targets"), lines, base, warn)
     subvolumes = _subvolumes(data.get("subvolumes"), lines, base, top_policy, targets)
     lock = os.path.join(base, _text(data, "lock", lines, None, "")) if "lock" in data else DEFAULT_LOCK
+    _apart(subvolumes, targets, lines)
     return Config(path, lock, subvolumes, targets)
+
+
+def _apart(subvolumes: dict[str, Subvolume], targets: dict[str, Target], lines: Lines) -> None:
+    """No ``btrfs receive`` target is a subvolume's directory or its snapshots': what it received, and what
+    its policy deletes, would be among the host's own."""
+    for t in targets.values():
+        if t.kind != "receive":
+            continue
+        place = os.path.realpath(t.place)
+        for s in subvolumes.values():
+            for what, where in (("path", s.path), ("snapshots", s.snapshots)):
+                mine = os.path.realpath(where)
+                if place == mine:
+                    raise ConfigError(
+                        lines.at(("targets", t.name), "receive"),
+                        f"targets.{t.name}.receive {t.place!r} is subvolumes.{s.name}.{what}: "
+                        "a target needs a place of its own",
+                    )
 
 
 def _known(table: dict[str, Any], known: set[str], lines: Lines, where: tuple[str, ...] | None, what: str) -> None:

@@ -26,12 +26,15 @@ MAX_CHAIN = 100_000  # held streams walked back to a full one at most (a chain t
 
 @dataclasses.dataclass(frozen=True)
 class Local:
-    """A read-only snapshot on the host: its name (``NAME.YYYYMMDDTHHMM``), UUIDs and the time its name says."""
+    """A read-only snapshot on the host: its name (``NAME.YYYYMMDDTHHMM``), UUIDs, the time its name says,
+    and its subvolume ID (IDs grow as subvolumes are made: the order they were taken in, whatever the
+    clock said, e.g. in the hour a change from summer time repeats)."""
 
     name: str
     uuid: str
     received_uuid: str | None
     time: datetime.datetime
+    id: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,7 @@ from .. import errors as e
 from ..retention import snapshot_time
 from ..stores.confine import placed
 from .config import Config, Subvolume, Target
-from .plan import Held, Local, Send, Standing, local_kept, order, pins, sends, snapshot_name, standing
+from .plan import Held, Local, Send, Standing, local_kept, pins, sends, snapshot_name, standing
 
 if TYPE_CHECKING:
     from ..stores.store import Store
@@ -64,6 +64,8 @@ def locked(path: str) -> Iterator[None]:
     except OSError as exc:
         raise e.OutputError(path, f"cannot open the backup's lock: {exc.strerror}") from None
     try:
+        if (owner := os.fstat(fd).st_uid) != os.geteuid():  # (one made by another user could be held by them)
+            raise e.OutputError(path, f"the backup's lock belongs to user {owner}, not to this one: remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -91,8 +93,8 @@ def local_snapshots(subvolume: Subvolume) -> list[Local]:
         if said is None or said[0] != subvolume.name or not found.readonly or found.uuid is None:
             continue
         received = str(found.received_uuid) if found.received_uuid else None
-        out.append(Local(name, str(found.uuid), received, said[1]))
-    return sorted(out, key=lambda s: (s.time, order(s.name)))
+        out.append(Local(name, str(found.uuid), received, said[1], found.id))
+    return sorted(out, key=lambda s: s.id)  # as they were taken (a name's time may repeat, or go back)
 
 
 def _btrfs(*args: str) -> None:
@@ -228,7 +230,13 @@ def run(
                 have.append(Local(new, "(to be taken)", None, now))
                 say(f"{name}: would take {new}")
             else:
-                _btrfs("subvolume", "snapshot", "-r", subvolume.path, os.path.join(subvolume.snapshots, new))
+                try:
+                    _btrfs("subvolume", "snapshot", "-r", subvolume.path, os.path.join(subvolume.snapshots, new))
+                except (e.SendStreamError, OSError) as exc:  # its older snapshots still go where they lack
+                    report.failed[f"{name} (its snapshot)"] = str(exc)
+                    say(f"{name}: failed to take {new}: {exc}")
+                    local[name] = have
+                    continue
                 have = local_snapshots(subvolume)
                 say(f"{name}: took {new}")
             report.taken[name] = new
@@ -238,6 +246,7 @@ def run(
             reached = reach(target, log)
             try:
                 held = reached.held()
+                planned: list[Held] = []  # what a dry run would have sent: the target holds it after
                 for name, subvolume in config.subvolumes.items():
                     if tname not in subvolume.targets:
                         continue
@@ -245,15 +254,17 @@ def run(
                         kind = f"from {send.parent}" if send.parent else "whole"
                         if dry_run:
                             say(f"{name} -> {tname}: would send {send.snapshot} {kind} ({send.why})")
+                            uuid = next(s.uuid for s in local[name] if s.name == send.snapshot)
+                            planned.append(Held(uuid, None, send.snapshot, None))
                             continue
                         moved = _send(subvolume, send, reached)
                         report.sent.setdefault(tname, []).append(send)
                         say(f"{name} -> {tname}: sent {send.snapshot} {kind} ({moved})")
-                held_after[tname] = held if dry_run else reached.held()
+                held_after[tname] = (held + planned) if dry_run else reached.held()
                 if pruned := reached.retain(now, dry_run):
                     report.pruned[tname] = pruned
                     say(f"{tname}: {'would prune' if dry_run else 'pruned'} {', '.join(pruned)}")
-            except e.SendStreamError as exc:
+            except (e.SendStreamError, OSError) as exc:
                 report.failed[tname] = str(exc)
                 held_after.setdefault(tname, None)
                 say(f"{tname}: failed: {exc}")
@@ -285,7 +296,12 @@ def _keep_local(
         if decision.keep:
             continue
         if not dry_run:
-            _btrfs("subvolume", "delete", os.path.join(subvolume.snapshots, decision.key))
+            try:
+                _btrfs("subvolume", "delete", os.path.join(subvolume.snapshots, decision.key))
+            except (e.SendStreamError, OSError) as exc:  # the others go on; the run says it failed
+                report.failed[f"{name} (deleting {decision.key})"] = str(exc)
+                say(f"{name}: failed to delete {decision.key}: {exc}")
+                continue
         report.deleted.append(decision.key)
         say(f"{name}: {'would delete' if dry_run else 'deleted'} {decision.key}")
 

@@ -112,7 +112,7 @@ FILES = (
         "/etc/sendstream/backup.toml",
         "backup --config: the host's subvolumes, targets and policies, see sendstream-backup.toml(5)",
     ),
-    ("/run/lock/sendstream-backup.lock", "backup run: held while a run runs (its process ID in it)"),
+    ("/run/sendstream-backup.lock", "backup run: held while a run runs (its process ID in it)"),
     ("contrib/sendstream-backup.service, .timer", "in the source: backup run every night under systemd"),
     ("contrib/sendstream-serve.service", "in the source: the service under systemd, sandboxed"),
     ("~/.aws/credentials, ~/.aws/config", "the object store's credentials and settings (boto3's)"),
@@ -322,7 +322,7 @@ def serve_toml_page() -> str:
 
 # sendstream-backup.toml(5): every setting of a host's backup file, by table.
 BACKUP_SETTINGS = (
-    ("lock", "the file a run holds locked, so that two runs never overlap; default /run/lock/sendstream-backup.lock"),
+    ("lock", "the file a run holds locked, so that two runs never overlap; default /run/sendstream-backup.lock"),
     ("preserve", 'what of the host\'s snapshots is kept, a btrbk preserve policy ("7d 4w"); default: all'),
     ("preserve_min", "with preserve: keep everything younger than this age (2d), or all, latest (the default), no"),
     ("preserve_day_of_week", "with preserve: the day weeks start on; default: sunday"),

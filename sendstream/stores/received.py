@@ -53,13 +53,19 @@ class ReceivePlace(Store):
     def receive(self, source: BinaryIO, say: Callable[[str], object] = lambda line: None) -> Taken:
         """Check and heal the stream read from ``source`` (a host's own ``btrfs send``) and give it to ``btrfs
         receive`` in the place, its paths and UUIDs confined as a session's are; what ``btrfs receive``
-        says goes to ``say``. A subvolume that an earlier, cut run left unfinished under a name this
-        stream makes is deleted first; on any failure the subvolumes this run began are deleted."""
+        says goes to ``say``. A subvolume that an earlier, cut run of this stream left unfinished (its mark,
+        ``.NAME.receiving``, says so) is deleted first; anything else under that name is refused, and left;
+        on any failure the subvolumes this run began are deleted."""
         made: list[str] = []
 
         def claimed(subvolume: uuid.UUID, name: str) -> None:
-            if leftover(path := os.path.join(self.place, name), subvolume):
+            path, mark = os.path.join(self.place, name), os.path.join(self.place, f".{name}.receiving")
+            if leftover(path, subvolume) and _marked(mark, subvolume):  # a cut run of ours began it
                 _delete_subvolume(path)
+            if os.path.lexists(path):  # not ours to replace, nor to delete when this fails
+                raise e.OutputError(self.place, f"{name!r} is there already, and is not this stream's: left as it is")
+            with open(mark, "w") as f:  # (so that a cut run's leftover is known as ours, and only that)
+                f.write(f"{subvolume}\n")
             made.append(name)
 
         guard = UuidGuard(self.place, claimed)
@@ -77,7 +83,9 @@ class ReceivePlace(Store):
         except BaseException:
             for name in made:
                 _delete_subvolume(os.path.join(self.place, name))
+            _unmark(self.place, made)
             raise
+        _unmark(self.place, made)
         return Taken(", ".join(made), healer.written, tuple(made))
 
     def _snapshots(self) -> list[Snapshot]:
@@ -187,6 +195,21 @@ class _Receiving(Sink):
             self.journal.stop(self._session.written, self._session.identity, self.ledger)
         for name in self.made:
             _delete_subvolume(os.path.join(self._place, name))
+
+
+def _marked(mark: str, subvolume: uuid.UUID) -> bool:
+    """Whether ``mark`` says a receive of ``subvolume`` of ours began (and was cut)."""
+    try:
+        with open(mark, "rb") as f:
+            return f.read(64).strip() == str(subvolume).encode()
+    except OSError:
+        return False
+
+
+def _unmark(place: str, names: list[str]) -> None:
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(place, f".{name}.receiving"))
 
 
 def _delete_subvolume(path: str) -> None:

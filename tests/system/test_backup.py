@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import pytest
 from support.btrfs import need_root_btrfs
@@ -33,6 +33,7 @@ from support.s3 import Store, seaweedfs
 from support.storing import Log, running
 from support.trees import differences
 
+from sendstream import errors as e
 from sendstream.archive.state import STATE_SUFFIX
 from sendstream.archive.state import load as load_state
 from sendstream.archive.store import Location
@@ -44,6 +45,7 @@ from sendstream.retention import kept_by_name
 from sendstream.service.config import load as load_service
 from sendstream.service.log import EventLog
 from sendstream.service.server import Service
+from sendstream.stores.received import ReceivePlace
 
 pytestmark = pytest.mark.btrfs
 
@@ -214,7 +216,10 @@ preserve_hour_of_day = 1
                 before = {name: local_snapshots(s) for name, s in config.subvolumes.items()}
                 down = DOWN[0] <= day < DOWN[1]  # a wrong key: its handshake fails, the others go on
                 targets = {**config.targets, "received": dataclasses.replace(config.targets["received"], key=wrong)}
-                report = run(dataclasses.replace(config, targets=targets) if down else config, now=clock[0])
+                today = dataclasses.replace(config, targets=targets) if down else config
+                dry = run(today, now=clock[0], dry_run=True)
+                report = run(today, now=clock[0])
+                assert dry.deleted == report.deleted, (day, dry.deleted, report.deleted)  # the dry run said it
                 assert list(report.failed) == (["received"] if down else []), report.failed
                 assert all("handshake" in why for why in report.failed.values()), report.failed
                 taken += report.taken.values()
@@ -438,7 +443,7 @@ receive = "{usb}"
         until(lambda: checkpointed(place), "a checkpoint journaled")
         service.kill()
         out, err = running.communicate(timeout=600)
-        assert running.returncode == 10 and "1 target failed: files:" in err, (out, err)
+        assert running.returncode == 10 and "1 failed: files:" in err, (out, err)
         assert "home -> bucket: sent" in out and "home -> usb: sent" in out, out
         service.start()
         mark = len(service.events)
@@ -454,7 +459,7 @@ receive = "{usb}"
         until(lambda: upload_saved(client, bucket, key), "an upload's state saved with a part")
         store.stop(signal.SIGKILL)
         out, err = running.communicate(timeout=600)
-        assert running.returncode == 10 and "1 target failed: bucket:" in err, (out, err)
+        assert running.returncode == 10 and "1 failed: bucket:" in err, (out, err)
         store.start()
         said = again()
         assert re.search(r"home -> bucket: sent \S+ from \S+ \([\d,]+ bytes; resumed at offset [\d,]+\)", said), said
@@ -511,7 +516,7 @@ def test_a_target_down_full_or_refusing_fails_alone_and_status_shows_it(tmp_path
             assert done.returncode == 10, done.stderr
             assert "home -> good: sent" in done.stdout, done.stdout
             (said,) = [line for line in done.stderr.splitlines() if "failed" in line]
-            assert "3 targets failed: full: " in said, said
+            assert "3 failed: full: " in said, said
             assert "; refusing: " in said and "; down: " in said, said
             assert "quota" in said.split("; refusing:")[0], said  # what each one's failure was
         local = local_snapshots(load_backup(str(tmp_path / "backup.toml")).subvolumes["home"])
@@ -554,3 +559,43 @@ def test_a_second_run_while_one_runs_stops_at_once_naming_the_lock(tmp_path: Pat
     free = subprocess.run(argv, capture_output=True, text=True, timeout=60)  # then: what is wrong next
     assert free.returncode == 2, free.stderr
     assert free.stderr.endswith(f"subvolumes.home.path '{tmp_path / 'home'}' is not a btrfs subvolume\n"), free.stderr
+
+
+def test_a_receive_target_leaves_what_is_not_its_stream_s(tmp_path: Path) -> None:
+    """A subvolume already in a ``btrfs receive`` target under the name a stream makes, not received from
+    it: the stream is refused, naming it, and the subvolume stays (a failed receive deletes only what it
+    made)."""
+    need_root_btrfs()
+    with ExitStack() as stack:
+        host = stack.enter_context(btrfs_loop("512M"))
+        disk = stack.enter_context(btrfs_loop("512M"))
+        seed(host / "home")
+        btrfs("subvolume", "snapshot", "-r", host / "home", host / "home.20261204T0130")
+        btrfs("subvolume", "create", disk / "home.20261204T0130")
+        (disk / "home.20261204T0130" / "mine").write_text("not a backup\n")
+        sender = subprocess.Popen(["btrfs", "send", "-q", str(host / "home.20261204T0130")], stdout=subprocess.PIPE)
+        assert sender.stdout is not None
+        with pytest.raises(e.OutputError, match=r"'home\.20261204T0130' is there already, and is not this stream's"):
+            ReceivePlace(str(disk)).receive(cast(BinaryIO, sender.stdout))
+        sender.kill()
+        sender.wait()
+        assert (disk / "home.20261204T0130" / "mine").read_text() == "not a backup\n"
+
+
+def test_a_lock_that_another_user_made_is_refused(tmp_path: Path) -> None:
+    """The lock is the run's own: one made by another user (who could hold it for ever) is named, not used."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to give the lock to another user (CI is root)")
+    (tmp_path / "home").mkdir()
+    key_file(tmp_path / "web1.key")
+    (tmp_path / "backup.lock").write_text("")
+    os.chown(tmp_path / "backup.lock", 12345, 12345)
+    (tmp_path / "backup.toml").write_text(
+        'lock = "backup.lock"\n[subvolumes.home]\npath = "home"\n[targets.nas]\nservice = "127.0.0.1:1"\n'
+        'key = "web1.key"\nidentity = "web1"\n'
+    )
+    done = subprocess.run(
+        [*CMD, "backup", "run", "--config", str(tmp_path / "backup.toml")], capture_output=True, text=True
+    )
+    assert done.returncode == 4, done.stderr
+    assert "the backup's lock belongs to user 12345, not to this one: remove it" in done.stderr, done.stderr

@@ -283,7 +283,7 @@ def test_a_host_s_backups_as_the_guide_says(tmp_path: Path) -> None:
     place.mkdir()
     guide = DOCS / "guides" / "backups.md"
     replace = {"/srv": "SRV", "backup.example:7000": f"127.0.0.1:{port}", "/etc/sendstream": str(etc),
-               "/run/lock": str(tmp_path)}  # fmt: skip
+               "/run/": f"{tmp_path}/"}  # fmt: skip
     with ExitStack() as stack:
         srv = stack.enter_context(btrfs_loop("512M"))
         env = stack.enter_context(shell(tmp_path))

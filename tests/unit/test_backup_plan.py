@@ -235,6 +235,7 @@ def write_config(tmp_path: Path, text: str) -> str:
     (tmp_path / "web1.key").chmod(0o600)
     (tmp_path / "home").mkdir(exist_ok=True)
     (tmp_path / "usb").mkdir(exist_ok=True)
+    (tmp_path / "snaps").mkdir(exist_ok=True)
     path = tmp_path / "backup.toml"
     path.write_text(text)
     return str(path)
@@ -249,7 +250,7 @@ targets = ["nas", "usb"]
 
 [subvolumes.srv]
 path = "home"
-snapshots = "usb"
+snapshots = "snaps"
 preserve = "2d"
 
 [targets.nas]
@@ -276,7 +277,7 @@ def test_a_configuration_names_subvolumes_targets_and_policies(tmp_path: Path) -
     home, srv = config.subvolumes["home"], config.subvolumes["srv"]
     assert home.path == str(tmp_path / "home") and home.snapshots == str(tmp_path)
     assert home.targets == ("nas", "usb") and srv.targets == ("nas", "offsite", "usb")
-    assert str(home.preserve) != str(srv.preserve) and srv.snapshots == str(tmp_path / "usb")
+    assert str(home.preserve) != str(srv.preserve) and srv.snapshots == str(tmp_path / "snaps")
     nas, offsite, usb = (config.targets[n] for n in ("nas", "offsite", "usb"))
     assert (nas.kind, nas.identity, nas.key, nas.warn_after) == ("service", "web1", bytes(range(32)), dt.timedelta(2))
     assert nas.rate_limit == 30 << 20 and config.targets["offsite"].rate_limit is None
@@ -302,6 +303,7 @@ def test_a_configuration_names_subvolumes_targets_and_policies(tmp_path: Path) -
         (('path = "home"\ntargets', 'path = "home"\nsnapshot = "x"\ntargets'), 6, "unknown setting 'snapshot'"),
         (("[targets.nas]", "[targets.nas]\nfull_every = 3"), 14, "targets.nas: unknown setting 'full_every'"),
         (('full_every = "30d"', 'encrypt_key = "web1.key"'), 23, "targets.offsite.preserve: a bucket sealed with"),
+        (('receive = "usb"', 'receive = "snaps"'), 26, "is subvolumes.srv.snapshots: a target needs a place"),
     ],
 )
 def test_a_wrong_configuration_names_the_file_line_and_what_was_expected(
