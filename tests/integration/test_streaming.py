@@ -236,7 +236,9 @@ def test_a_producer_that_writes_a_little_at_a_time_wakes_the_reader_less_often()
     with SAMPLE.open("rb") as f:
         expected = [event.offset for event in file_events(f) if isinstance(event, Command)]
     assert [event.offset for event in got] == expected  # every command, each checked
-    assert reads <= len(pieces) / 3, f"{reads} reads for {len(pieces)} writes"
+    # without coalescing the reader wakes once a write (507 reads for 506 writes); with it, a third of that
+    # on a quiet machine, and a little more where the producer's 0.1 ms sleeps stretch (172: CI, 2026-12-04)
+    assert reads <= len(pieces) / 2, f"{reads} reads for {len(pieces)} writes"
 
 
 def test_a_pipe_is_widened() -> None:
