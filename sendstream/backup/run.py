@@ -155,9 +155,8 @@ class _Place:
         from ..stores.received import ReceivePlace
 
         self.target, self._log = target, log
-        self._bucket = Bucket(target.place, endpoint_url=target.endpoint_url) if target.kind == "bucket" else None
-        self._received = ReceivePlace(target.place) if target.kind == "receive" else None
-        self._store: Store = self._bucket or cast("Store", self._received)
+        self._received = ReceivePlace(target.place) if target.kind == "receive" else None  # takes a raw stream
+        self._store: Store = self._received or Bucket(target.place, endpoint_url=target.endpoint_url)
 
     def held(self) -> list[Held]:
         return [Held.of(s) for s in self._store.held()]
