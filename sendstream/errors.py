@@ -370,6 +370,13 @@ class StoreError(SendStreamError):
         super().__init__(escaped(f"{where}: {reason}"))  # a listed key may hold any character
 
 
+class ClusterError(SendStreamError):
+    """The cluster a check was given to (``verify --scheduler``) could not be reached, or could not check a
+    stream: its scheduler, its workers, or the engine itself."""
+
+    exit_code = EXIT_IO
+
+
 class NothingFound(SendStreamError):
     """Nothing is where a command was told to look: a prefix with no archived stream, a snapshot no
     stream makes (a typo, under cron, must not pass as an empty success)."""

@@ -126,7 +126,8 @@ for start in range(0, size, chunk):
 """
 
 
-def _small_streams(n: int) -> list[bytes]:
+def small_streams(n: int, writes: int = 512) -> list[bytes]:
+    """``n`` full streams of ``writes`` writes of 64 KiB, each of its own subvolume UUID."""
     data = os.urandom(1 << 16)
     streams = []
     for _ in range(n):
@@ -135,7 +136,7 @@ def _small_streams(n: int) -> list[bytes]:
             encode_command(Command.build("subvol", [("path", b"s"), ("uuid", uuid.uuid4()), ("ctransid", 1)]), 2)
         )
         out.append(encode_command(Command.build("mkfile", [("path", b"f"), ("ino", 257)]), 2))
-        for i in range(512):
+        for i in range(writes):
             out.append(
                 encode_command(Command.build("write", [("path", b"f"), ("file_offset", i << 16), ("data", data)]), 2)
             )
@@ -209,7 +210,7 @@ def main(argv: list[str]) -> int:
                     [sendstream, "restore", f"s3://{bucket}/file{r}/{subvolume}", "-o", "/dev/null"], env
                 )
                 add("download: sendstream restore -o /dev/null", wall, cpu, _store_cpu(store) - s0, rss)
-            small = _small_streams(args.streams)
+            small = small_streams(args.streams)
             for data in small:
                 upload(memoryview_file(data, d), Location(bucket, "many/"), client)
             verified = {}

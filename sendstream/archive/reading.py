@@ -364,6 +364,17 @@ class Verdict:
     problem: str | None
 
 
+def to_verify(s3: BucketClient, location: Location) -> tuple[list[Verdict], list[Entry]]:
+    """What :func:`verify` checks at ``location``: a verdict for each manifest that cannot be taken, and the
+    streams in chain order (as ``archive ls`` lists them)."""
+    problems: list[e.BadManifest] = []
+    found = archived(s3, location, problems)
+    ordered = [entry for tree in chains(found) for _, entry in tree]
+    listed = set(ordered)
+    ordered += [x for x in found if x not in listed]  # streams whose parents go round in a circle
+    return [Verdict(problem.streams[0], 0, problem.reason) for problem in problems], ordered
+
+
 def verify(
     s3: BucketClient,
     location: Location,
@@ -372,19 +383,13 @@ def verify(
     key: bytes | None = None,
 ) -> Iterator[Verdict]:
     """Check every stream archived at ``location`` in place, ``workers`` (every core) at once, each in
-    a process of its own with its own connection; first a verdict for each manifest that cannot be taken,
-    then the streams' in chain order (as ``archive ls`` lists them)."""
-    problems: list[e.BadManifest] = []
-    found = archived(s3, location, problems)
-    for problem in problems:
-        yield Verdict(problem.streams[0], 0, problem.reason)
-    ordered = [entry for tree in chains(found) for _, entry in tree]
-    listed = set(ordered)
-    ordered += [x for x in found if x not in listed]  # streams whose parents go round in a circle
+    a process of its own with its own connection; the verdicts in :func:`to_verify`'s order."""
+    problems, ordered = to_verify(s3, location)
+    yield from problems
     workers = workers or len(os.sched_getaffinity(0))
     context = multiprocessing.get_context("spawn")  # no fork of a process with threads and connections
-    with ProcessPoolExecutor(min(workers, max(1, len(found))), mp_context=context) as pool:
-        jobs = [pool.submit(_verdict, endpoint_url, location, entry, key) for entry in ordered]
+    with ProcessPoolExecutor(min(workers, max(1, len(ordered))), mp_context=context) as pool:
+        jobs = [pool.submit(verdict, endpoint_url, location, entry, key) for entry in ordered]
         for job in jobs:
             yield job.result()
 
@@ -392,7 +397,9 @@ def verify(
 _CLIENT: Any = None
 
 
-def _verdict(endpoint_url: str | None, location: Location, entry: Entry, key: bytes | None) -> Verdict:
+def verdict(endpoint_url: str | None, location: Location, entry: Entry, key: bytes | None) -> Verdict:
+    """The check of ``entry`` in a process (or a thread) of a pool: one client for the process, made at
+    its first stream."""
     global _CLIENT
     if _CLIENT is None:
         _CLIENT = location.connect(endpoint_url)

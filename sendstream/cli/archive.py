@@ -71,10 +71,12 @@ def _notice(progress: Progress) -> Any:
     return logger(True)
 
 
-def verify_store(store: Store, workers: int | None, encrypt_key: str | None, quiet: bool) -> None:
-    """``verify s3://...``: every archived stream checked in place; a line for each."""
+def verify_store(
+    store: Store, workers: int | None, encrypt_key: str | None, quiet: bool, scheduler: str | None = None
+) -> None:
+    """``verify s3://...``: every archived stream checked in place (on a cluster: ``scheduler``); a line for each."""
     bad = count = 0
-    for verdict in store.verify(workers, sealing_key(encrypt_key)):
+    for verdict in store.verify(workers, sealing_key(encrypt_key), scheduler):
         count += 1
         bad += verdict.problem is not None
         click.echo(f"{verdict.name}: {verdict.problem or 'ok'}")

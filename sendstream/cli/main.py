@@ -100,6 +100,12 @@ def dump(stream: str, **options: Any) -> None:
 @click.option(
     "--workers", type=click.IntRange(1), default=None, help="For s3://: streams checked at once (every core)."
 )
+@click.option(
+    "--scheduler",
+    metavar="ADDRESS",
+    default=None,
+    help="For s3://: check on the Dask cluster of that scheduler (tcp:// or tls://), one task per stream.",
+)
 def verify(
     stream: str,
     keep_going: bool,
@@ -113,13 +119,15 @@ def verify(
     endpoint_url: str | None,
     encrypt_key: str | None,
     workers: int | None,
+    scheduler: str | None,
 ) -> None:
     """Check STREAM (a file or -): framing, CRCs, commands, attributes, END.
 
     STREAM may be s3://BUCKET/PREFIX, or a directory that is a service's file
     place: every stream archived there is checked in place (ranged GETs, no
     local copy), many at once, each against its manifest; a line for each,
-    and exit 1 when any is bad.
+    and exit 1 when any is bad. With --scheduler, each s3:// stream is a task
+    on a Dask cluster whose workers reach the store themselves.
     """
     if verbose:
         from ..codec.backend import default as default_backend
@@ -131,8 +139,10 @@ def verify(
     if (store := at(stream, endpoint_url)) is not None:
         from .archive import verify_store
 
-        verify_store(store, workers, encrypt_key, quiet)
+        verify_store(store, workers, encrypt_key, quiet, scheduler)
         return
+    if scheduler is not None:
+        raise click.UsageError(f"--scheduler: only for s3://BUCKET/PREFIX, not {stream!r}")
     if scan:
         from ..format.layout import MAX_VERSION
         from ..ops.verify import find_headers

@@ -15,6 +15,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "btrfs send /mnt/snap | sendstream verify",
         "sendstream verify --from-socket '*:7000' --key psk.key",
         "sendstream verify s3://backups/host1",
+        "sendstream verify s3://backups/host1 --scheduler tcp://10.0.0.10:8786",
     ),
     "convert": ("sendstream convert --to-version 1 new.stream old.stream",),
     "ls": ("sendstream ls incr.stream",),
@@ -96,6 +97,15 @@ ENVIRONMENT = (
         "the object store's credentials, found as boto3 finds them (also in ~/.aws/credentials and ~/.aws/config)",
     ),
     ("AWS_ENDPOINT_URL", "the object store's endpoint, http:// or https:// with a host (--endpoint-url overrides it)"),
+    (
+        "SENDSTREAM_ENCRYPT_KEY",
+        "on a Dask worker (verify --scheduler): the file of the key a sealed archive is opened with",
+    ),
+    (
+        "DASK_DISTRIBUTED__COMM__TLS__CA_FILE, DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT, "
+        "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY",
+        "the CA and this client's certificate and key for a tls:// --scheduler (Dask's own settings)",
+    ),
     (
         "MALLOC_ARENA_MAX, MALLOC_MMAP_THRESHOLD_",
         "serve sets glibc's to 2 and 128 KiB unless the environment sets them, so that memory goes back to the system",

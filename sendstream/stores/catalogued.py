@@ -14,7 +14,7 @@ from ..archive import reading
 from ..archive.catalog import Entry, chains, plan_prune, remove
 from ..archive.reading import Verdict, archived, resolve
 from ..archive.seal import Sealer
-from ..archive.store import BucketClient, Location
+from ..archive.store import BucketClient, Directory, Location
 from ..retention import Policy
 from .store import Retained, Store
 
@@ -33,11 +33,25 @@ class Catalogued(Store):
             self._client = self._connect()
         return self._client
 
-    def verify(self, workers: int | None = None, encrypt_key: bytes | None = None) -> Iterator[Verdict]:
+    def verify(
+        self, workers: int | None = None, encrypt_key: bytes | None = None, scheduler: str | None = None
+    ) -> Iterator[Verdict]:
         """Check every stream held here in place (:func:`~sendstream.archive.reading.verify`), ``workers``
-        at once; a key of the wrong size is refused here, before any worker starts."""
+        at once, or on the Dask cluster of ``scheduler`` (:func:`~sendstream.archive.cluster.verify`); a
+        key of the wrong size is refused here, before any worker starts."""
         sealer_of(encrypt_key)
-        return reading.verify(self.client, self.location, self.endpoint_url, workers, encrypt_key)
+        if scheduler is None:
+            return reading.verify(self.client, self.location, self.endpoint_url, workers, encrypt_key)
+        from ..archive import cluster
+
+        if isinstance(self.location, Directory):
+            raise e.UsageError("--scheduler: only for s3://BUCKET/PREFIX (a directory is this machine's own)")
+        if encrypt_key is not None or workers is not None:
+            raise e.UsageError(
+                f"--scheduler: each worker checks with its own key ({cluster.KEY_VARIABLE}, in its environment) "
+                "and threads, so --encrypt-key and --workers are not given here"
+            )
+        return cluster.verify(self.client, self.location, scheduler)
 
     def chain(self, snapshot: str, encrypt_key: bytes | None = None) -> list[Entry]:
         """The streams that make ``snapshot`` (:func:`~sendstream.archive.reading.resolve`), each one's key

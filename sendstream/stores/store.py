@@ -141,7 +141,9 @@ class Store(abc.ABC):
         does (``key``: resumable, its state signed with it; ``encrypt_key``: sealed with it)."""
         raise self._cannot("take a stream but from a session")
 
-    def verify(self, workers: int | None = None, encrypt_key: bytes | None = None) -> Iterator[Verdict]:
+    def verify(
+        self, workers: int | None = None, encrypt_key: bytes | None = None, scheduler: str | None = None
+    ) -> Iterator[Verdict]:
         """Check every stream held in place, as ``verify`` does: a verdict for each."""
         raise self._cannot("check its streams in place")
 

