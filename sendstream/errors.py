@@ -567,6 +567,15 @@ class SessionError(SendStreamError):
     exit_code = EXIT_IO
 
 
+class ProxyHeaderError(SessionError):
+    """A connection from a balancer that did not begin with a valid PROXY protocol v2 header."""
+
+
+class QuietClose(SessionError):
+    """No client, nothing to log: raised by a :class:`~sendstream.transport.listener.Listener`'s opener to
+    close a connection without a "refused" line (a balancer's health check, a PROXY protocol LOCAL header)."""
+
+
 class SessionMisuse(SessionError):
     """This end asked its session machine to say something out of turn (a hello twice, data before the
     answer): a bug of the caller, never the peer's fault, so nothing reports it to the peer."""

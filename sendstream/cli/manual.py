@@ -255,6 +255,12 @@ SERVE_SETTINGS = (
     ("handshake_timeout", "seconds for a connection's handshake and first words"),
     ("idle_timeout", "seconds without a byte from a sender before its transfer is cut (0: for ever)"),
     ("journal_days", "days an abandoned transfer's journal is kept unwritten (0: for ever)"),
+    (
+        "proxy_from",
+        "addresses or networks (a list) of TCP balancers in front of the service (HAProxy's send-proxy-v2): a "
+        "connection from one must begin with a PROXY protocol v2 header, and the client's address it names is "
+        "the one trusted checks and the log shows; from any other address no header is read; default: none",
+    ),
 )
 CLIENT_SETTINGS = (
     (

@@ -9,6 +9,7 @@
     handshake_timeout = 30          # seconds for the handshake and the first words
     idle_timeout = 600              # seconds without a byte from a sender
     journal_days = 7                # an abandoned transfer's journal goes after this many days (0: never)
+    proxy_from = ["10.0.0.5"]       # TCP balancers: a connection from these begins with a PROXY v2 header
 
     [clients.web1]                  # the name is the client's PSK identity
     key = "keys/web1.key"           # relative to this file's directory
@@ -31,6 +32,13 @@ the file, the line and what was expected.
 
 A trusted IPv4-mapped network (``::ffff:10.0.0.0/104``) is taken as the IPv4
 network it maps (``10.0.0.0/8``): a peer's mapped address is taken as IPv4.
+
+``proxy_from`` (addresses or networks, as ``trusted``) names the TCP
+balancers (HAProxy's ``send-proxy-v2``) in front of the service: a
+connection from one must begin with a PROXY protocol v2 header, and the
+client's address it gives is the connection's (its ``trusted`` check, the
+log's peer); from any other address no header is read, so no client can
+name an address of its choosing.
 """
 
 from __future__ import annotations
@@ -59,7 +67,7 @@ IDENTITY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _INTEGERS = {"max_transfers": (1, 4096, 16), "max_per_client": (1, 4096, 2)}
 _SECONDS = {"handshake_timeout": (0.1, 3600.0, 30.0), "idle_timeout": (0.0, 86400.0, 600.0)}
 _DAYS = {"journal_days": (0.0, 3650.0, 7.0)}
-_TOP = {"listen", "tls", "clients", *_INTEGERS, *_SECONDS, *_DAYS}
+_TOP = {"listen", "tls", "clients", "proxy_from", *_INTEGERS, *_SECONDS, *_DAYS}
 _CLIENT = {"key", "store", "receive", "trusted", "quota", *RETENTION}
 # (lowest, highest, default) of each number; the manual page of this file shows them
 BOUNDS = {**_INTEGERS, **_SECONDS, **_DAYS}
@@ -112,6 +120,7 @@ class Config:
     handshake_timeout: float
     idle_timeout: float | None  # None: for ever (0 in the file)
     journal_max_age: float | None = None  # seconds an abandoned journal is kept; None: for ever (0 in the file)
+    proxy_from: tuple[Network, ...] = ()  # the balancers whose connections begin with a PROXY v2 header
 
     def key_of(self, identity: str) -> bytes | None:
         """The key of a configured client (None for anyone else): the TLS server's lookup."""
@@ -120,13 +129,27 @@ class Config:
 
     def trusting(self, address: str) -> Client | None:
         """The client that may send unencrypted from ``address`` (IPv4-mapped IPv6 taken as IPv4), if any."""
-        try:
-            ip = ipaddress.ip_address(address.split("%", 1)[0])
-        except ValueError:
+        ip = _ip(address)
+        if ip is None:
             return None
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
         return next((c for c in self.clients.values() if any(ip in net for net in c.trusted)), None)
+
+    def balancer(self, address: str) -> bool:
+        """Whether ``address`` (IPv4-mapped IPv6 taken as IPv4) is in ``proxy_from``: its connections begin
+        with a PROXY protocol v2 header."""
+        ip = _ip(address)
+        return ip is not None and any(ip in net for net in self.proxy_from)
+
+
+def _ip(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """A peer's address (its IPv6 zone dropped, an IPv4-mapped one as IPv4); None if it is none."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
 
 
 def load(
@@ -162,6 +185,7 @@ def load(
             kind = "a whole number" if integer else "days" if key in _DAYS else "seconds"
             raise ConfigError(lines.at(None, key), f"{key}: expected {kind} from {low} to {high}, got {shown(value)}")
         numbers[key] = value
+    proxy_from = _networks(data.get("proxy_from", []), lines, None, "proxy_from")
     clients = _clients(data.get("clients"), lines, base, warn, file_system or _file_system)
     return Config(
         path=path,
@@ -173,6 +197,7 @@ def load(
         handshake_timeout=float(numbers["handshake_timeout"]),
         idle_timeout=float(numbers["idle_timeout"]) or None,
         journal_max_age=numbers["journal_days"] * 86400.0 or None,
+        proxy_from=proxy_from,
     )
 
 
@@ -234,7 +259,7 @@ def _clients(
             )
         kind = "receive" if "receive" in settings else "store"
         place = _text(settings, kind, lines, name)
-        trusted = _networks(settings.get("trusted", []), lines, name)
+        trusted = _networks(settings.get("trusted", []), lines, name, "trusted")
         quota = size(settings, "quota", lines, ("clients", name), "500000000000, 500G")
         preserve = retention(settings, lines, ("clients", name))
         if kind == "store" and place.startswith("s3://"):
@@ -262,20 +287,20 @@ def _clients(
     return clients
 
 
-def _networks(value: Any, lines: Lines, name: str) -> tuple[Network, ...]:
-    """``trusted``: addresses or networks (``10.1.2.3``, ``10.1.0.0/16``, ``fd00::/8``)."""
-    where = lines.at(("clients", name), "trusted")
+def _networks(value: Any, lines: Lines, name: str | None, key: str) -> tuple[Network, ...]:
+    """``key`` of client ``name`` (top level: None), ``trusted`` or ``proxy_from``: addresses or networks
+    (``10.1.2.3``, ``10.1.0.0/16``, ``fd00::/8``)."""
+    where = lines.at(("clients", name) if name else None, key)
+    what = f"clients.{name}.{key}" if name else key
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(
-            where, f"clients.{name}.trusted: expected a list of addresses or networks, got {shown(value)}"
-        )
+        raise ConfigError(where, f"{what}: expected a list of addresses or networks, got {shown(value)}")
     networks: list[Network] = []
     for text in value:
         try:
             network = ipaddress.ip_network(text, strict=False)
         except ValueError:
             raise ConfigError(
-                where, f"clients.{name}.trusted: {shown(text)} is not an address or a network (10.1.2.3, 10.1.0.0/16)"
+                where, f"{what}: {shown(text)} is not an address or a network (10.1.2.3, 10.1.0.0/16)"
             ) from None
         if isinstance(network, ipaddress.IPv6Network) and network.subnet_of(_MAPPED):
             mapped = network.network_address.ipv4_mapped

@@ -43,11 +43,12 @@ def speaks_tls(sock: socket.socket, seconds: float) -> bool:
     return opens_handshake(first)
 
 
-def unencrypted(sock: socket.socket, config: Config, seconds: float) -> Channel:
-    """A connection without TLS: the client whose ``trusted`` addresses hold the peer's, or refused (and
-    told, its bytes drained for at most ``seconds`` so that a reset does not lose what it was told)."""
+def unencrypted(sock: socket.socket, config: Config, seconds: float, peer: tuple[str, int] | None = None) -> Channel:
+    """A connection without TLS: the client whose ``trusted`` addresses hold the peer's (``peer``, the one a
+    balancer's PROXY header named, else the socket's), or refused (and told, its bytes drained for at most
+    ``seconds`` so that a reset does not lose what it was told)."""
     channel = PlainChannel(sock)
-    peer = sock.getpeername()
+    peer = peer or sock.getpeername()
     client = config.trusting(peer[0])
     if client is None:
         why = (

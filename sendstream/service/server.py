@@ -34,7 +34,8 @@ from ..transfer.journal import PART_SUFFIX
 from ..transfer.stored import stream_name
 from ..transport.address import listen
 from ..transport.compression import Decompressing
-from ..transport.listener import MAX_PENDING, MAX_PER_SOURCE, Listener
+from ..transport.listener import MAX_PENDING, MAX_PER_SOURCE, Listener, describe_peer
+from ..transport.proxy import read_header
 from ..transport.tls import Channel, accept_channel
 from ..transport.tls.keys import fingerprint
 from .claims import Claims
@@ -181,17 +182,48 @@ class Service:
         self.log("reloaded", config=config.path, clients=len(config.clients), **fields)
 
     def _open(self, sock: Any, deadline: float) -> tuple[Opening, Client]:
-        """Shake hands and read the first words; the opening, and the client as its key or address proved it."""
+        """Shake hands and read the first words; the opening, and the client as its key or address proved it.
+
+        From a ``proxy_from`` address the PROXY v2 header comes first, and the client it names is the peer
+        from then on (its ``trusted`` check, the opening's peer); a LOCAL one (the balancer's health check)
+        is closed unlogged (:class:`~sendstream.errors.QuietClose`), a missing or wrong one refused."""
         config = self.config
+        client: tuple[str, int] | None = None  # the balancer's client
+        local = "a PROXY protocol LOCAL header: the balancer's own connection (its health check)"
+        if config.proxy_from:
+            try:
+                address = sock.getpeername()[0]
+            except OSError as exc:  # reset already, its address unknown: HAProxy's check sends LOCAL and resets
+                try:
+                    quiet = read_header(sock, deadline).source is None  # only to tell a check: nothing is taken
+                except (OSError, e.SessionError):
+                    quiet = False
+                gone = e.QuietClose(local) if quiet else e.SessionError(f"the peer left before it was seen: {exc}")
+                raise gone from None
+            if config.balancer(address):
+                client = read_header(sock, deadline).source
+                if client is None:
+                    raise e.QuietClose(local)
 
         def handshake(sock: socket.socket, seconds: float) -> Channel:
             if not speaks_tls(sock, seconds):
-                return unencrypted(sock, config, seconds)
+                return unencrypted(sock, config, seconds, client)
             return accept_channel(sock, config.tls, config.key_of, handshake_timeout=seconds)
 
-        opening = open_connection(
-            sock, handshake, deadline, timeout=config.handshake_timeout, idle_timeout=config.idle_timeout
-        )
+        try:
+            opening = open_connection(
+                sock,
+                handshake,
+                deadline,
+                timeout=config.handshake_timeout,
+                idle_timeout=config.idle_timeout,
+                peer=client,
+            )
+        except Exception as exc:
+            reason = str(exc) or type(exc).__name__
+            if client is None or describe_peer(client) in reason:
+                raise
+            raise e.SessionError(f"{reason} (from {describe_peer(client)}, through the balancer)") from exc
         return opening, config.clients[opening.channel.identity or ""]
 
     def _start(self, opening: Opening, client: Client) -> None:

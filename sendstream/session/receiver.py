@@ -73,9 +73,11 @@ def open_connection(
     *,
     timeout: float,
     idle_timeout: float | None,
+    peer: tuple[str, int] | None = None,
 ) -> Opening:
     """Shake hands on accepted ``sock`` (``handshake(sock, seconds)``) and read the peer's first words, all
-    before ``deadline`` (``time.monotonic()``; ``timeout`` is how long that was, for messages).
+    before ``deadline`` (``time.monotonic()``; ``timeout`` is how long that was, for messages). The opening's
+    peer is ``peer`` when given (the client a balancer's PROXY header named), else the socket's.
 
     The first words are a session hello (parsed by
     :func:`~.messages.parse_hello`) or the header of a raw stream. Anything
@@ -84,9 +86,9 @@ def open_connection(
     Once open, each wait of the channel lasts at most ``idle_timeout``.
     """
     try:
-        peer = describe_peer(sock.getpeername())
+        described = describe_peer(peer or sock.getpeername())
     except OSError:
-        peer = "a peer that left"
+        described = "a peer that left"
     channel = handshake(sock, max(deadline - time.monotonic(), 0.001))
     try:
         channel.set_deadline(deadline)
@@ -100,7 +102,7 @@ def open_connection(
     channel = inbox.channel  # a compressed stream's: one that decompresses
     channel.set_deadline(None)
     channel.settimeout(idle_timeout)
-    return Opening(channel, inbox, identity, peer, listing)
+    return Opening(channel, inbox, identity, described, listing)
 
 
 def _first_words(inbox: Inbox[ReceiverConnection], timeout: float) -> tuple[Identity | None, bool]:

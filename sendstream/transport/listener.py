@@ -45,6 +45,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from ..errors import QuietClose
 from ..io.threads import started
 
 T = TypeVar("T")
@@ -101,7 +102,8 @@ class Listener(Generic[T]):
     """Accepts on ``server`` and opens every connection concurrently; the opened ones are taken in order.
 
     ``open(sock, deadline)`` returns the opened connection (it owns ``sock``
-    from the call on) or raises: the exception's text is the reason logged.
+    from the call on) or raises: the exception's text is the reason logged, but a
+    :class:`~sendstream.errors.QuietClose` closes the connection unlogged (no client: a health check).
     ``discard(item)`` closes an opened connection nobody takes. ``arrived``
     (given to :meth:`first` or :meth:`serve`) sees each opened connection
     in its own thread before it is queued, and may refuse it by raising.
@@ -299,7 +301,8 @@ class Listener(Generic[T]):
             try:
                 item = self._open(attempt.sock, attempt.deadline)
             except Exception as exc:
-                self._refused(attempt.peer, attempt.why or str(exc) or type(exc).__name__)
+                if attempt.why or not isinstance(exc, QuietClose):
+                    self._refused(attempt.peer, attempt.why or str(exc) or type(exc).__name__)
                 attempt.sock.close()  # after the log: a peer that sees the close finds its refusal counted
                 return
             if attempt.generation == self._generation and self._arrived is not None:

@@ -15,6 +15,8 @@ import contextlib
 import errno
 import io
 import json
+import signal
+import subprocess
 import sys
 import threading
 import traceback
@@ -27,7 +29,7 @@ from sendstream.service.config import load
 from sendstream.service.log import EventLog
 from sendstream.service.server import Service
 
-from .net import CMD, key_file
+from .net import CMD, key_file, wait_listening
 
 
 class Tally:
@@ -157,3 +159,22 @@ def sending(port: int, tmp_path: Path, stream: Path, *extra: str) -> list[str]:
     """The command that sends ``stream`` as ``alpha`` to the service of :func:`serving`."""
     argv = [*CMD, "send", "--to", f"127.0.0.1:{port}", str(stream), "--key", str(tmp_path / "alpha.key")]
     return [*argv, "--identity", "alpha", "--progress", "none", *extra]
+
+
+@contextlib.contextmanager
+def service(config: Path, port: int, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``sendstream serve`` of ``config`` as a process, its JSON log on its stderr, once it listens on ``port``;
+    stopped (SIGTERM, then SIGKILL) at the end."""
+    argv = [*CMD, "serve", "--config", str(config), "--log-format", "json", *extra]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE)
+    try:
+        wait_listening(port)
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(40)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -29,7 +29,7 @@ import pytest
 from support.btrfs import need_root_btrfs
 from support.loopfs import btrfs_loop
 from support.net import CMD, free_port, key_file, listening, wait_listening
-from support.storing import running, sending, serving
+from support.storing import running, sending, service, serving
 from support.streams import FIXTURES
 from support.trees import differences, tree_state
 
@@ -61,23 +61,6 @@ def write_config(tmp_path: Path, port: int, extra: str = "", clients: tuple[str,
     config = tmp_path / "serve.toml"
     config.write_text(text)
     return config
-
-
-@contextlib.contextmanager
-def service(config: Path, port: int, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
-    argv = [*CMD, "serve", "--config", str(config), "--log-format", "json", *extra]
-    proc = subprocess.Popen(argv, stderr=subprocess.PIPE)
-    try:
-        wait_listening(port)
-        yield proc
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(40)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def events(proc: subprocess.Popen[bytes]) -> list[dict[str, object]]:
