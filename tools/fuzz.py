@@ -1078,6 +1078,10 @@ ARCHIVE_KEY = bytes(range(64, 96))  # --key of resumable uploads
 SEALER = Sealer(bytes(range(32, 64)))  # --encrypt-key
 
 
+def _etag(data: bytes) -> str:
+    return f'"{hashlib.md5(data).hexdigest()}"'
+
+
 class MemoryStore:
     """An S3 client of the harness's own that holds objects in memory: what the parsers' targets read
     from, and what ``upload`` writes the seeds to. (The ``store`` target drives boto3 against a fake
@@ -1091,13 +1095,21 @@ class MemoryStore:
         self._lock = threading.Lock()
 
     @staticmethod
-    def _missing(code: str, operation: str) -> Exception:
+    def _missing(code: str, operation: str, status: int = 404) -> Exception:
         from botocore.exceptions import ClientError
 
         missing: Exception = ClientError(
-            {"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": 404}}, operation
+            {"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, operation
         )
         return missing
+
+    def _holds(self, Key: str, IfNoneMatch: str | None, IfMatch: str | None, operation: str) -> None:
+        """S3's conditions of a write: none there (``*``), or this ETag there; else 412 (under the lock)."""
+        there = self.objects.get(Key)
+        if (IfNoneMatch == "*" and there is not None) or (
+            IfMatch is not None and (there is None or _etag(there) != IfMatch)
+        ):
+            raise self._missing("PreconditionFailed", operation, 412)
 
     def get_object(self, Bucket: str, Key: str, Range: str | None = None) -> dict[str, Any]:
         with self._lock:
@@ -1107,7 +1119,7 @@ class MemoryStore:
         if Range is not None:
             start, _, end = Range.removeprefix("bytes=").partition("-")
             data = data[int(start) : int(end) + 1]
-        return {"Body": io.BytesIO(data), "ContentLength": len(data)}
+        return {"Body": io.BytesIO(data), "ContentLength": len(data), "ETag": _etag(self.objects[Key])}
 
     def head_object(self, Bucket: str, Key: str) -> dict[str, Any]:
         with self._lock:
@@ -1115,14 +1127,18 @@ class MemoryStore:
                 raise self._missing("404", "HeadObject")
             return {"ContentLength": len(self.objects[Key])}
 
-    def put_object(self, Bucket: str, Key: str, Body: bytes) -> dict[str, Any]:
+    def put_object(
+        self, Bucket: str, Key: str, Body: bytes, IfNoneMatch: str | None = None, IfMatch: str | None = None
+    ) -> dict[str, Any]:
         with self._lock:
+            self._holds(Key, IfNoneMatch, IfMatch, "PutObject")
             self.objects[Key] = bytes(Body)
             self.written.append((Key, bytes(Body)))
-        return {}
+        return {"ETag": _etag(bytes(Body))}
 
-    def delete_object(self, Bucket: str, Key: str) -> dict[str, Any]:
+    def delete_object(self, Bucket: str, Key: str, IfMatch: str | None = None) -> dict[str, Any]:
         with self._lock:
+            self._holds(Key, None, IfMatch, "DeleteObject")
             self.objects.pop(Key, None)
         return {}
 

@@ -153,26 +153,41 @@ def opener(entry: Entry, location: Location, key: Sealer | None) -> Sealer | Non
     return key
 
 
-def check(
+@dataclass(frozen=True)
+class Measured:
+    """What a stream read from the store is: its size, restarts healed, commands, ledger and SHA-256 (""
+    when not hashed), and its first bytes (:data:`BEGUN` of them: they say the snapshot)."""
+
+    size: int
+    restarts: int
+    commands: int
+    ledger: str
+    sha256: str
+    begun: bytes
+
+
+def measure(
     s3: BucketClient,
     location: Location,
     entry: Entry,
     write: Callable[[Any], object] = lambda data: None,
     key: Sealer | None = None,
     sha256: bool = True,
-) -> None:
-    """Read the stream of ``entry`` in place (opening its parts with ``key`` when sealed) and check every
-    command before ``write`` gets it; then hold it to its manifest
-    (:class:`~sendstream.errors.ManifestMismatch` when it differs), its SHA-256 too with ``sha256``.
-
-    Without the SHA-256 the stream is still the manifest's to the bit, short of a CRC collision: every
-    byte after the header is in a command whose CRC-32C was checked, and the ledger digests every
-    command's length and CRC in order."""
+) -> Measured:
+    """Read the objects of ``entry`` in place (opening its parts with ``key`` when sealed), check every
+    command before ``write`` gets it and the first one against ``entry``'s name; what the stream is."""
     digest, ledger = hashlib.sha256() if sha256 else None, Ledger()
     reader = RangedReader(s3, location, entry, digest=digest, sealer=opener(entry, location, key))
     header: StreamHeader | None = None  # held until the first command says the stream is the one named
+    begun = bytearray()
+
+    def written(data: Any) -> None:
+        if len(begun) < BEGUN:
+            begun.extend(memoryview(data)[: BEGUN - len(begun)])
+        write(data)
+
     try:
-        healer = Healer(write, ledger=ledger)
+        healer = Healer(written, ledger=ledger)
         for event in file_events(reader, Framer(), healer.batch, firsts=True):  # type: ignore[arg-type]
             if header is None and isinstance(event, StreamHeader):
                 header = event
@@ -184,17 +199,37 @@ def check(
             healer.event(event)
     finally:
         reader.close()
+    hexdigest = digest.hexdigest() if digest is not None else ""
+    return Measured(healer.written, healer.restart_count, ledger.commands, ledger.digest(), hexdigest, bytes(begun))
+
+
+def check(
+    s3: BucketClient,
+    location: Location,
+    entry: Entry,
+    write: Callable[[Any], object] = lambda data: None,
+    key: Sealer | None = None,
+    sha256: bool = True,
+) -> None:
+    """Read the stream of ``entry`` in place (:func:`measure`: every command checked before ``write`` gets
+    it); then hold it to its manifest (:class:`~sendstream.errors.ManifestMismatch` when it differs), its
+    SHA-256 too with ``sha256``.
+
+    Without the SHA-256 the stream is still the manifest's to the bit, short of a CRC collision: every
+    byte after the header is in a command whose CRC-32C was checked, and the ledger digests every
+    command's length and CRC in order."""
+    found = measure(s3, location, entry, write, key, sha256)
     for what, expected, actual in (
-        ("restarts", 0, healer.restart_count),
-        ("size", entry.size, healer.written),
-        ("commands", entry.commands, ledger.commands),
-        ("ledger", entry.ledger, ledger.digest()),
-        *([("SHA-256", entry.sha256, digest.hexdigest())] if digest is not None else []),
+        ("restarts", 0, found.restarts),
+        ("size", entry.size, found.size),
+        ("commands", entry.commands, found.commands),
+        ("ledger", entry.ledger, found.ledger),
+        *([("SHA-256", entry.sha256, found.sha256)] if sha256 else []),
     ):
         if expected != actual:
             raise e.ManifestMismatch(  # (what the manifest says, escaped: it may hold anything)
                 f"its {what} is not its manifest's",
-                offset=healer.written,
+                offset=found.size,
                 expected=printable(str(expected)),
                 actual=actual,
             )

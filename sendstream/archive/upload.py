@@ -19,26 +19,30 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import io
 import socket
 import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 from .. import errors as e
 from ..codec.crc import crc32c
+from ..codec.encoder import encode_stream_header
 from ..format.layout import COMMAND_HEADER_SIZE, STREAM_MAGIC
 from ..io.framed import FramedInput, StreamSource
 from ..io.retry import Retry
 from ..ops.repair import Healer
 from ..transfer.identity import Identity, snapshot_name, stream_identity
+from ..transfer.journal import Chain, after
 from ..transfer.ledger import Ledger
 from ..transfer.stored import manifest, stream_name
 from . import state
 from .catalog import MANIFEST_SUFFIX, Entry, listing, read_manifest
 from .hashing import Hasher
+from .reading import Measured, measure
 from .seal import Sealer, sealed_size
 from .store import BucketClient, Location, answered, calling, missing
 
@@ -73,8 +77,11 @@ class Parts:
     """Whole commands in (:meth:`write`), multipart uploads out: one object after another.
 
     With ``key`` the upload is resumable: after each part completes (in order) its state is saved
-    (:mod:`.state`), a failure keeps the upload for the next run instead of aborting it, and a failed
-    request is tried again ``retries`` times, waiting ``retry_delay`` seconds, doubling.
+    (:mod:`.state`) and ``saved`` hears where the parts saved end, a failure keeps the upload for the next
+    run instead of aborting it, and a failed request is tried again ``retries`` times, waiting
+    ``retry_delay`` seconds, doubling. With ``resume`` (an earlier run's state, :func:`continuable`) the
+    stream's bytes from its offset on are written, and go on after the earlier run's parts. Parts are
+    at most ``max_part`` bytes (and the command that crosses it).
     """
 
     def __init__(
@@ -92,16 +99,20 @@ class Parts:
         retry_delay: float = 1.0,
         notice: Callable[[str], object] = lambda text: None,
         sealer: Sealer | None = None,
+        max_part: int = MAX_OBJECT,
+        resume: state.UploadState | None = None,
+        saved: Callable[[int], object] = lambda offset: None,
     ) -> None:
         self._s3 = s3
         self._sealer = sealer
         self.location = location
         self._part_size = part_size
+        self._max_part = max_part
         self._max_object = max_object
         self._budget = in_flight
         self._hasher = Hasher(digest, 2) if digest is not None else None  # of every part, in order
         self._ledger = ledger or Ledger()
-        self._key, self._retry, self._notice = key, Retry(retries, retry_delay), notice
+        self._key, self._retry, self._notice, self._saved = key, Retry(retries, retry_delay), notice, saved
         self._buffer = bytearray()
         self._pool = ThreadPoolExecutor(max(1, in_flight // part_size), thread_name_prefix="sendstream-part")
         self._cond = threading.Condition()
@@ -118,6 +129,9 @@ class Parts:
         self.objects: list[dict[str, Any]] = []  # completed: name and size, in order
         self.parts = 0
         self.size = 0  # shipped
+        self.continued = 0  # where the stream written begins: an earlier run's parts hold what is before
+        if resume is not None:
+            self._continue(resume)
 
     def write(self, data: Any) -> None:
         """Take a stream header or whole commands (as the healer writes them); a part is cut at the first
@@ -125,7 +139,7 @@ class Parts:
         view = memoryview(data).cast("B")
         pos = len(view) if view[: len(STREAM_MAGIC)] == STREAM_MAGIC else 0  # a header: never cut
         self._buffer += view[:pos]
-        while len(view) - pos >= (need := (self._part_size << (self.parts // GROWTH)) - len(self._buffer)):
+        while len(view) - pos >= (need := self._next_part() - len(self._buffer)):
             end = pos
             while end - pos < need:
                 end += COMMAND_HEADER_SIZE + int.from_bytes(view[end : end + 4], "little")
@@ -135,6 +149,9 @@ class Parts:
             self._ship()
             pos = end
         self._buffer += view[pos:]
+
+    def _next_part(self) -> int:
+        return min(self._part_size << (self.parts // GROWTH), self._max_part)
 
     @property
     def resumed(self) -> int:
@@ -207,7 +224,8 @@ class Parts:
         current.size += stored
         self.parts += 1
         self.size = end
-        mark = self._ledger.at(end) if self._key else None  # (computed now: the ledger is at this write)
+        # (computed now: the ledger is at this write; a continued stream's ledger is not known before the end)
+        mark = ((0, "") if self.continued else self._ledger.at(end)) if self._key else None
         self._record()  # the parts done go, so that only those in flight are looked at
         self._raise_failed()
         with self._cond:
@@ -241,21 +259,7 @@ class Parts:
             self._take_up(earlier)
 
     def _take_up(self, earlier: state.UploadState) -> None:
-        key = self.location.key(earlier.key)
-        listed: dict[int, int] = {}
-        try:
-            with calling(self.location.url(earlier.key)):
-                pages = self._s3.get_paginator("list_parts").paginate(
-                    Bucket=self.location.bucket, Key=key, UploadId=earlier.upload_id
-                )
-                listed = {p.get("PartNumber"): p.get("Size") for page in pages for p in page.get("Parts", [])}
-        except e.StoreError as exc:
-            if not missing(exc):
-                raise
-            self._notice(f"the upload an earlier run began is gone from the store ({exc.reason}); starting over")
-            return
-        if any(listed.get(number) != size for number, _, size in earlier.parts):
-            self._notice("the store lacks parts the earlier run's state names; starting over")
+        if not continuable(self._s3, self.location, earlier, self._notice):
             return
         self._skip_to = earlier.offset
         if earlier.offset:
@@ -266,6 +270,17 @@ class Parts:
         size = sum(size for _, _, size in earlier.parts)
         self._current = _Object(earlier.key, earlier.upload_id, size, len(earlier.parts))
         self._notice(f"taking up the upload an earlier run began: {earlier.offset} bytes are there")
+
+    def _continue(self, earlier: state.UploadState) -> None:
+        """Go on after ``earlier``'s parts with the stream's bytes from its offset (they are not read again)."""
+        self.identity, self.name = earlier.stream, stream_name(earlier.stream)
+        self.objects, self._done = list(earlier.objects), list(earlier.parts)
+        self._mark = (earlier.offset, earlier.commands, earlier.ledger)
+        self.size = self.continued = earlier.offset
+        # parts of at most max_part fill each object to MAX_PARTS: the count, for their growth
+        self.parts = MAX_PARTS * len(earlier.objects) + len(earlier.parts)
+        size = sum(size for _, _, size in earlier.parts)
+        self._current = _Object(earlier.key, earlier.upload_id, size, len(earlier.parts))
 
     def _upload(self, obj: _Object, number: int, index: int, part: bytearray) -> str:
         size = len(part)
@@ -322,6 +337,7 @@ class Parts:
         )
         key = self._key
         self._retrying(lambda: state.save(self._s3, self.location, self.name or "", now, key))
+        self._saved(offset)
 
     def call(self, name: str, method: Callable[..., Any], **arguments: Any) -> Any:
         """``method`` of the store on ``name`` (under the prefix), tried again when it may work later."""
@@ -360,6 +376,29 @@ class Parts:
             done["parts"] = [size for _, _, size in self._done]  # where each sealed part is
         self.objects.append(done)
         self._current = None
+
+
+def continuable(
+    s3: BucketClient, location: Location, earlier: state.UploadState, notice: Callable[[str], object]
+) -> bool:
+    """Whether the store still holds the multipart upload ``earlier`` names with every part it names
+    (``notice`` hears why not)."""
+    listed: dict[int, int] = {}
+    try:
+        with calling(location.url(earlier.key)):
+            pages = s3.get_paginator("list_parts").paginate(
+                Bucket=location.bucket, Key=location.key(earlier.key), UploadId=earlier.upload_id
+            )
+            listed = {p.get("PartNumber"): p.get("Size") for page in pages for p in page.get("Parts", [])}
+    except e.StoreError as exc:
+        if not missing(exc):
+            raise
+        notice(f"the upload an earlier run began is gone from the store ({exc.reason}); starting over")
+        return False
+    if any(listed.get(number) != size for number, _, size in earlier.parts):
+        notice("the store lacks parts the earlier run's state names; starting over")
+        return False
+    return True
 
 
 def _refuse_archived(s3: BucketClient, location: Location, name: str) -> None:
@@ -436,6 +475,10 @@ def upload(
     notice: Callable[[str], object] = lambda text: None,
     sealer: Sealer | None = None,
     change_sealing: bool = False,
+    in_flight: int = IN_FLIGHT_BYTES,
+    max_part: int = MAX_OBJECT,
+    resume: state.UploadState | None = None,
+    saved: Callable[[int], object] = lambda offset: None,
     **origin: Any,
 ) -> Archived:
     """Check and heal ``source`` and archive the clean stream at ``location``, named by what it is,
@@ -446,7 +489,12 @@ def upload(
     where the earlier run's last part completed, checking the stream against the ledger there. With
     ``sealer`` every part is encrypted and authenticated before it leaves (:class:`~.seal.Sealer`); it
     must seal as the newest stream at ``location`` was sealed (:func:`hold_sealing`), unless
-    ``change_sealing``.
+    ``change_sealing``. ``in_flight`` bytes of parts upload at once, each at most ``max_part``.
+
+    With ``resume`` (an earlier run's state, :func:`continuable`; not sealed), ``source`` gives the stream
+    from the state's offset on: a session that continues a transfer another process began. What the
+    stream is (size, commands, ledger, SHA-256: all its bytes) is then known only from the store: once
+    complete, the stream is read back from it (every command checked again) for its manifest.
     """
     if not change_sealing:
         hold_sealing(s3, location, sealer)
@@ -454,10 +502,16 @@ def upload(
     parts = Parts(
         s3, location, part_size=part_size, max_object=max_object, digest=digest, ledger=ledger,
         key=key, retries=retries, retry_delay=retry_delay, notice=notice, sealer=sealer,
+        in_flight=in_flight, max_part=max_part, resume=resume, saved=saved,
     )  # fmt: skip
+    write = parts.write if wrote is None else _counted(parts.write, wrote)
+    if resume is not None:
+        assert sealer is None
+        header = encode_stream_header(resume.stream["version"] or 1)  # the framer begins at a stream header
+        source, write = cast(BinaryIO, Chain(io.BytesIO(header), source)), after(len(header), write)
     try:
         with FramedInput(source, max_command_size=max_command_size, warn=warn, skip=(e.StreamRestarted,)) as stream:
-            healer = Healer(parts.write if wrote is None else _counted(parts.write, wrote), ledger=ledger)
+            healer = Healer(write, ledger=ledger)
             for event in stream.events(healer.batch):
                 healer.event(event)
         parts.finish()
@@ -465,12 +519,17 @@ def upload(
         parts.stop()
         raise
     assert parts.name is not None and parts.identity is not None
+    if resume is None:
+        found = Measured(healer.written, 0, ledger.commands, ledger.digest(), digest.hexdigest(), b"")
+    else:
+        found = measure(s3, location, _entry(parts.name, parts.identity, parts.objects))
+        parts.snapshot = snapshot_name(found.begun)
     record = manifest(
         parts.identity,
-        size=healer.written,
-        sha256=digest.hexdigest(),
-        commands=ledger.commands,
-        ledger=ledger.digest(),
+        size=found.size,
+        sha256=found.sha256,
+        commands=found.commands,
+        ledger=found.ledger,
         objects=parts.objects,
         # sealed: the content is not readable without the key, and neither is the snapshot's name
         **({"encryption": sealer.description} if sealer else {"snapshot": parts.snapshot}),
@@ -479,8 +538,41 @@ def upload(
     parts.call(parts.name + ".json", s3.put_object, Key=location.key(parts.name + ".json"), Body=record)
     parts.forget()
     return Archived(
-        location.url(parts.name), parts.objects, healer.written, ledger.commands, healer.restart_count,
-        parts.snapshot, parts.resumed,
+        location.url(parts.name), parts.objects, found.size, found.commands, healer.restart_count,
+        parts.snapshot, parts.resumed or parts.continued,
+    )  # fmt: skip
+
+
+def archived_as(
+    s3: BucketClient, location: Location, name: str, source: StreamSource, wrote: Callable[[int], object]
+) -> Entry | None:
+    """The manifest of ``name`` when it is archived at ``location`` already, and the stream of ``source``
+    (checked and healed as :func:`upload` takes it; ``wrote`` hears the size of each write) is that same
+    stream (size, ledger, SHA-256); a :class:`~sendstream.errors.UsageError` when it is another of that
+    name. None when none is archived (nothing of ``source`` is read then)."""
+    try:
+        entry = read_manifest(s3, location, name + ".json")
+    except e.StoreError as exc:
+        if missing(exc):
+            return None
+        raise
+    ledger, digest = Ledger(), hashlib.sha256()
+    with FramedInput(source, skip=(e.StreamRestarted,)) as stream:
+        healer = Healer(_counted(digest.update, wrote), ledger=ledger)
+        for event in stream.events(healer.batch):
+            healer.event(event)
+    if (healer.written, ledger.digest(), digest.hexdigest()) != (entry.size, entry.ledger, entry.sha256):
+        raise e.UsageError(f"{location.url(name)}: another stream of this name is archived already: refused")
+    return entry
+
+
+def _entry(name: str, identity: Identity, objects: list[dict[str, Any]]) -> Entry:
+    """What reading a stream just completed needs of a manifest (it has none yet): its name and objects."""
+    parent = identity["parent_uuid"]
+    return Entry(
+        name, str(identity["uuid"]), int(identity["ctransid"] or 0),
+        (parent, int(identity["parent_ctransid"] or 0)) if parent else None,
+        "", 0, "", "", 0, "", tuple((o["key"], o["size"]) for o in objects),
     )  # fmt: skip
 
 

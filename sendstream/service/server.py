@@ -303,12 +303,14 @@ class Service:
         claims = self._claims.holding(client)
         already = False  # a stored stream sent again
         journal, charge = None, None
+        held = contextlib.ExitStack()  # its claim in a bucket that other services share
 
         def release() -> None:
             """What the transfer held, let go before its sender hears the end (it may send again at once)."""
             if charge is not None:
                 charge.end()
             claims.release()
+            held.close()
             self._leave(slot)
 
         try:
@@ -316,15 +318,18 @@ class Service:
                 self._pruned.wait_for(lambda: client.identity not in self._pruning)
             checkpoint = None
             store = client.store(self._bucket)
-            if opening.identity is not None and (journal := store.journal(opening.identity)) is not None:
-                claims.path(journal)
+            if opening.identity is not None:
                 stream = stream_name(opening.identity)
-                checkpoint = kept(
-                    journal,
-                    client.key,
-                    opening.identity,
-                    lambda why: self.log("discarded", **fields, journal=stream, reason=why),
-                )
+
+                def discarded(why: str) -> None:
+                    self.log("discarded", **fields, journal=stream, reason=why)
+
+                held.enter_context(store.hold(opening.identity, lambda: self._lost(slot)))
+                if (journal := store.journal(opening.identity)) is not None:
+                    claims.path(journal)
+                    checkpoint = kept(journal, client.key, opening.identity, discarded)
+                else:
+                    checkpoint = store.resumed(opening.identity, client.key, discarded)
             if (quota := self._quotas.get(client.identity)) is not None:
                 part = os.path.basename(journal) + PART_SUFFIX if journal else None
                 charge = quota.begin(part, checkpoint.offset if checkpoint else 0)
@@ -333,7 +338,7 @@ class Service:
                 reconnect_timeout=0.0,
                 start=checkpoint.offset if checkpoint else 0,
                 identity=checkpoint.stream if checkpoint else None,
-                ledger=(checkpoint.commands, checkpoint.ledger) if checkpoint else None,
+                ledger=(checkpoint.commands, checkpoint.ledger) if checkpoint and checkpoint.ledger else None,
             )
             resumed = {"resumed": checkpoint.offset} if checkpoint else {}
             self.log("transfer", **fields, compressed=isinstance(opening.channel, Decompressing), **resumed)
@@ -374,6 +379,11 @@ class Service:
             release()
             if session is not None:
                 session.close()
+
+    def _lost(self, slot: _Slot) -> None:
+        """Another service took the claim of ``slot``'s stream over (this one renewed it too late): cut it."""
+        slot.cut = "cut: another service took over this stream's claim in the bucket"
+        slot.opening.channel.interrupt()
 
     def _retain(self, client: Client, store: Store, fields: dict[str, Any]) -> None:
         """Keep of ``client``'s place what its policy keeps, now, unless another transfer of its runs (its

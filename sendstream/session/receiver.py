@@ -262,6 +262,13 @@ class SessionReceiver:
         if self.written - self._committed >= ACK_BYTES:
             self.commit()
 
+    def durable(self, offset: int) -> None:
+        """The stream is durable up to ``offset`` by the store's own time (an upload's part completed, after
+        ``checkpoint`` said less): acknowledged now, not at the next commit."""
+        if offset > self.verified:
+            self.verified = offset
+            self._acker.nudge()
+
     def commit(self) -> None:
         if self.written != self.verified:
             self.flush()

@@ -246,6 +246,9 @@ class SessionSender:
         channel.send_all(self._machine.send(Hello(self.identify())))
         inbox = Inbox(channel, self._machine, LINE_BUFFER)
         answer = inbox.next_event()
+        if isinstance(answer, Status) and answer.code and answer.message.startswith("busy:"):
+            # the receiver has no room now, or another service holds the stream: a later connection may
+            raise e.PeerBusy(f"the receiver answered: {answer.message}")
         if isinstance(answer, Status):
             self.status = answer.code, answer.message
             self._dead = False

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import errors as e
+from ..archive import state
 from ..archive.catalog import entries
+from ..archive.lease import Lease, holder
 from ..archive.store import BucketClient, Location, connect
-from ..archive.upload import Archived, upload
+from ..archive.upload import Archived, archived_as, continuable, upload
 from ..io.framed import StreamSource
 from ..session.receiver import SessionReceiver
+from ..session.resume import WINDOW_SIZE
+from ..transfer.identity import Identity
+from ..transfer.ledger import Checkpoint
+from ..transfer.stored import stream_name
 from .catalogued import Catalogued, sealer_of
 from .store import Sender, Snapshot, Taken
 
@@ -34,6 +41,7 @@ class Bucket(Catalogued):
         super().__init__(self.location.url() if isinstance(place, Location) else place)
         self.endpoint_url = endpoint_url
         self._connect = client or (lambda: connect(endpoint_url))
+        self._earlier: state.UploadState | None = None  # what resumed() found, for take()
 
     @classmethod
     def holding(cls, url: str, endpoint_url: str | None = None) -> tuple[Bucket, str]:
@@ -43,11 +51,64 @@ class Bucket(Catalogued):
             raise e.UsageError(f"{url!r} names no snapshot: s3://BUCKET/PREFIX/SNAPSHOT (a name or UUID)")
         return cls(held, endpoint_url=endpoint_url), snapshot
 
+    @contextlib.contextmanager
+    def hold(self, identity: Identity, lost: Callable[[], object]) -> Iterator[None]:
+        """Claim the stream of ``identity`` in the bucket while it is taken (:class:`~sendstream.archive.lease.
+        Lease`): another service that shares the bucket refuses it as busy meanwhile."""
+        lease = Lease(self.client, self.location, stream_name(identity), holder())
+        lease.take()
+        lease.hold(lost)
+        try:
+            yield
+        finally:
+            lease.release()
+
+    def resumed(self, identity: Identity, key: bytes, discard: Callable[[str], object]) -> Checkpoint | None:
+        """Where the upload of the stream of ``identity`` an earlier transfer began stands, by its state
+        (signed with ``key``), when the store still holds its parts; kept for :meth:`take`. A state that is
+        not ``key``'s or not ours is deleted, and ``discard`` hears why (the stream starts over)."""
+        name = stream_name(identity)
+        try:
+            earlier = state.load(self.client, self.location, name, key)
+        except e.ResumeError as exc:
+            discard(str(exc))
+            state.forget(self.client, self.location, name)
+            return None
+        if (
+            earlier is None
+            or earlier.stream != identity
+            or not continuable(self.client, self.location, earlier, discard)
+        ):
+            return None
+        self._earlier = earlier
+        return earlier.checkpoint
+
     def take(self, session: SessionReceiver, sender: Sender) -> Taken:
-        """Check the stream of ``session`` and archive it (as ``send --to s3://``); its name, size and snapshot."""
+        """Check the stream of ``session`` and archive it (as ``send --to s3://``); its name, size and snapshot.
+
+        A session's upload is resumable (its state signed with the sender's key) and goes on from what
+        :meth:`resumed` found; the sender hears acknowledged only what is in parts the store completed
+        (and the state saved), so its resend window (:data:`~sendstream.session.resume.WINDOW_SIZE`) must
+        hold the part filling and the one in flight: parts are at most a quarter of it, one in flight."""
+        resume = self._earlier if self._earlier is not None and self._earlier.offset else None
+        if session.identity is not None and resume is None:
+            name = stream_name(session.identity)
+            same = archived_as(self.client, self.location, name, session, session.wrote)  # type: ignore[arg-type]
+            if same is not None:
+                session.commit()
+                return Taken(name, same.size, (same.snapshot,) if same.snapshot else (), already=True)
+        part = WINDOW_SIZE // 4
+        durable = [session.verified]
+        session.checkpoint = lambda written: durable[0]
+
+        def saved(offset: int) -> None:
+            durable[0] = max(durable[0], offset)
+            session.durable(offset)
+
         done = upload(
             session,  # type: ignore[arg-type]
             self.location, self.client, wrote=session.wrote, client=sender.identity, peer=sender.peer,
+            key=None if session.raw else sender.key, resume=resume, in_flight=part, max_part=part, saved=saved,
         )  # fmt: skip
         session.commit()
         return Taken(done.url.rsplit("/", 1)[1], done.size, (done.snapshot,) if done.snapshot else ())

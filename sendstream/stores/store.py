@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import abc
 import base64
+import contextlib
 import dataclasses
 import datetime
 import os
@@ -119,6 +120,18 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def take(self, session: SessionReceiver, sender: Sender) -> Taken:
         """Check the stream of ``session`` and keep it; on any failure nothing is kept under its name."""
+
+    def hold(self, identity: Identity, lost: Callable[[], object]) -> contextlib.AbstractContextManager[None]:
+        """Hold the stream of ``identity`` for one transfer against other services that share the place (a
+        bucket's claim; ``lost`` hears when another took it over); a place of this machine's: nothing (the
+        service's own claims keep its transfers apart)."""
+        return contextlib.nullcontext()
+
+    def resumed(self, identity: Identity, key: bytes, discard: Callable[[str], object]) -> Checkpoint | None:
+        """Where an earlier transfer of the stream of ``identity`` into a place without a journal stands
+        (a bucket's upload state, signed with ``key``; ``discard`` hears why one is not taken); None: from
+        the start."""
+        return None
 
     def journal(self, identity: Identity) -> str | None:
         """Where the stream of ``identity`` is journaled until it is whole (None: it is not)."""
