@@ -20,8 +20,8 @@ from typing import Any
 
 from .. import errors as e
 from .catalog import Entry
-from .reading import Verdict, to_verify, verdict
-from .store import BucketClient, Location
+from .reading import Verdict, process_client, to_verify, verdict
+from .store import BucketClient, Location, calling
 
 KEY_VARIABLE = "SENDSTREAM_ENCRYPT_KEY"  # on a worker: the file of the key a sealed archive is opened with
 CONNECT_SECONDS = 10.0  # how long reaching the scheduler may take
@@ -29,11 +29,17 @@ TLS = ("ca-file", "client.cert", "client.key")  # Dask's settings a client of a 
 
 
 def check_here(location: Location, entry: Entry) -> Verdict:
-    """A task: ``entry`` checked on this worker, with its own credentials, endpoint and key."""
+    """A task: ``entry`` checked on this worker, with its own credentials, endpoint and key. A worker that
+    cannot see the manifest the client listed (another endpoint, no access, no such bucket) raises, so
+    that it is the cluster's error, never a verdict on the stream."""
     from ..transport.tls.keys import load_key
 
     path = os.environ.get(KEY_VARIABLE)
-    return verdict(None, location, entry, load_key(path) if path else None)
+    key = load_key(path) if path else None
+    manifest = entry.name + ".json"
+    with calling(location.url(manifest)):
+        process_client(None, location).head_object(Bucket=location.bucket, Key=location.key(manifest))
+    return verdict(None, location, entry, key)
 
 
 def verify(s3: BucketClient, location: Location, scheduler: str) -> Iterator[Verdict]:
@@ -42,6 +48,10 @@ def verify(s3: BucketClient, location: Location, scheduler: str) -> Iterator[Ver
     distributed = _engine()
     problems, ordered = to_verify(s3, location)
     with _connected(distributed, scheduler) as client:
+        try:
+            client.wait_for_workers(1, timeout=CONNECT_SECONDS)
+        except TimeoutError:
+            raise e.ClusterError(f"the Dask scheduler at {scheduler} has no worker (none came in 10 s)") from None
         yield from problems
         keys = [f"sendstream-verify-{uuid.uuid4().hex}" for _ in ordered]
         futures = client.map(check_here, [location] * len(ordered), ordered, key=keys)

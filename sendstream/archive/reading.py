@@ -432,14 +432,19 @@ def verify(
 _CLIENT: Any = None
 
 
-def verdict(endpoint_url: str | None, location: Location, entry: Entry, key: bytes | None) -> Verdict:
-    """The check of ``entry`` in a process (or a thread) of a pool: one client for the process, made at
-    its first stream."""
+def process_client(endpoint_url: str | None, location: Location) -> BucketClient:
+    """The client of this process (a pool's or a cluster's worker): one, made when first asked."""
     global _CLIENT
     if _CLIENT is None:
         _CLIENT = location.connect(endpoint_url)
+    return _CLIENT  # type: ignore[no-any-return]
+
+
+def verdict(endpoint_url: str | None, location: Location, entry: Entry, key: bytes | None) -> Verdict:
+    """The check of ``entry`` in a process (or a thread) of a pool, with :func:`process_client`."""
+    client = process_client(endpoint_url, location)
     try:
-        check(_CLIENT, location, entry, key=Sealer(key) if key is not None else None)
+        check(client, location, entry, key=Sealer(key) if key is not None else None)
     except e.SendStreamError as exc:
         return Verdict(entry.name, entry.size, str(exc))
     return Verdict(entry.name, entry.size, None)

@@ -81,7 +81,8 @@ class Parts:
     run instead of aborting it, and a failed request is tried again ``retries`` times, waiting
     ``retry_delay`` seconds, doubling. With ``resume`` (an earlier run's state, :func:`continuable`) the
     stream's bytes from its offset on are written, and go on after the earlier run's parts. Parts are
-    at most ``max_part`` bytes (and the command that crosses it).
+    at most ``max_part`` bytes (and the command that crosses it). Once ``fenced()`` (another process
+    took the upload over) no state is saved.
     """
 
     def __init__(
@@ -102,8 +103,10 @@ class Parts:
         max_part: int = MAX_OBJECT,
         resume: state.UploadState | None = None,
         saved: Callable[[int], object] = lambda offset: None,
+        fenced: Callable[[], bool] = lambda: False,
     ) -> None:
         self._s3 = s3
+        self._fenced = fenced
         self._sealer = sealer
         self.location = location
         self._part_size = part_size
@@ -130,6 +133,7 @@ class Parts:
         self.parts = 0
         self.size = 0  # shipped
         self.continued = 0  # where the stream written begins: an earlier run's parts hold what is before
+        self._last = False  # the last part is shipped: no state is saved after it
         if resume is not None:
             self._continue(resume)
 
@@ -159,7 +163,10 @@ class Parts:
         return self._skip_to
 
     def finish(self) -> None:
-        """Upload what is left and complete the object(s)."""
+        """Upload what is left and complete the object(s). The state is not saved past the last part but
+        one: a state always leaves the stream's end to come (a process cut before the manifest is written
+        is taken up by sending the last part again, never by an empty rest)."""
+        self._last = True
         if self._buffer or self.name is None:
             self._ship()
         if self._skip_to > self.size:
@@ -322,6 +329,8 @@ class Parts:
                 self._save()
 
     def _save(self) -> None:
+        if self._fenced() or self._last:  # another process holds the upload now; or the last part is going
+            return
         assert self._current is not None and self.identity is not None and self.name is not None and self._key
         offset, commands, ledger = self._mark
         now = state.UploadState(
@@ -479,6 +488,7 @@ def upload(
     max_part: int = MAX_OBJECT,
     resume: state.UploadState | None = None,
     saved: Callable[[int], object] = lambda offset: None,
+    fenced: Callable[[], bool] = lambda: False,
     **origin: Any,
 ) -> Archived:
     """Check and heal ``source`` and archive the clean stream at ``location``, named by what it is,
@@ -502,7 +512,7 @@ def upload(
     parts = Parts(
         s3, location, part_size=part_size, max_object=max_object, digest=digest, ledger=ledger,
         key=key, retries=retries, retry_delay=retry_delay, notice=notice, sealer=sealer,
-        in_flight=in_flight, max_part=max_part, resume=resume, saved=saved,
+        in_flight=in_flight, max_part=max_part, resume=resume, saved=saved, fenced=fenced,
     )  # fmt: skip
     write = parts.write if wrote is None else _counted(parts.write, wrote)
     if resume is not None:

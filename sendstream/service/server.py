@@ -324,7 +324,10 @@ class Service:
                 def discarded(why: str) -> None:
                     self.log("discarded", **fields, journal=stream, reason=why)
 
-                held.enter_context(store.hold(opening.identity, lambda: self._lost(slot)))
+                def moving() -> int:  # bytes come, or parts complete: the claim is held while it grows
+                    return session.received + session.verified if session is not None else 0
+
+                held.enter_context(store.hold(opening.identity, lambda why: self._lost(slot, why), moving))
                 if (journal := store.journal(opening.identity)) is not None:
                     claims.path(journal)
                     checkpoint = kept(journal, client.key, opening.identity, discarded)
@@ -364,6 +367,10 @@ class Service:
         except Exception as exc:
             if charge is not None and charge.exceeded and journal is not None:
                 remove(journal)  # the same stream again would pass the quota again
+            unledgered = checkpoint is not None and not checkpoint.ledger
+            if unledgered and session is not None and checkpoint and session.received == checkpoint.offset:
+                with contextlib.suppress(Exception):  # a sender that could not follow it: see Store.unfollowed
+                    store.unfollowed()
             code, message = failure_status(exc)
             release()
             if session is not None:
@@ -380,9 +387,9 @@ class Service:
             if session is not None:
                 session.close()
 
-    def _lost(self, slot: _Slot) -> None:
-        """Another service took the claim of ``slot``'s stream over (this one renewed it too late): cut it."""
-        slot.cut = "cut: another service took over this stream's claim in the bucket"
+    def _lost(self, slot: _Slot, why: str) -> None:
+        """The claim of ``slot``'s stream in the bucket was let go (``why``): cut it."""
+        slot.cut = f"cut: its claim in the bucket was let go: {why}"
         slot.opening.channel.interrupt()
 
     def _retain(self, client: Client, store: Store, fields: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ from .. import errors as e
 from ..archive import state
 from ..archive.catalog import entries
 from ..archive.lease import Lease, holder
-from ..archive.store import BucketClient, Location, connect
+from ..archive.store import BucketClient, Location, calling, connect
 from ..archive.upload import Archived, archived_as, continuable, upload
 from ..io.framed import StreamSource
 from ..session.receiver import SessionReceiver
@@ -42,6 +42,7 @@ class Bucket(Catalogued):
         self.endpoint_url = endpoint_url
         self._connect = client or (lambda: connect(endpoint_url))
         self._earlier: state.UploadState | None = None  # what resumed() found, for take()
+        self._fenced = False  # its claim was lost: no upload state is saved any more
 
     @classmethod
     def holding(cls, url: str, endpoint_url: str | None = None) -> tuple[Bucket, str]:
@@ -52,12 +53,19 @@ class Bucket(Catalogued):
         return cls(held, endpoint_url=endpoint_url), snapshot
 
     @contextlib.contextmanager
-    def hold(self, identity: Identity, lost: Callable[[], object]) -> Iterator[None]:
+    def hold(self, identity: Identity, lost: Callable[[str], object], alive: Callable[[], int]) -> Iterator[None]:
         """Claim the stream of ``identity`` in the bucket while it is taken (:class:`~sendstream.archive.lease.
-        Lease`): another service that shares the bucket refuses it as busy meanwhile."""
+        Lease`, held while ``alive()`` grows): another service that shares the bucket refuses it as busy
+        meanwhile. Once the claim is lost (``lost`` hears why) this transfer saves no upload state again:
+        the state is the new holder's."""
         lease = Lease(self.client, self.location, stream_name(identity), holder())
+
+        def fenced(why: str) -> None:
+            self._fenced = True
+            lost(why)
+
         lease.take()
-        lease.hold(lost)
+        lease.hold(fenced, alive)
         try:
             yield
         finally:
@@ -74,14 +82,26 @@ class Bucket(Catalogued):
             discard(str(exc))
             state.forget(self.client, self.location, name)
             return None
-        if (
-            earlier is None
-            or earlier.stream != identity
-            or not continuable(self.client, self.location, earlier, discard)
-        ):
+        if earlier is not None and earlier.stream != identity:  # another stream of that name began
+            discard(f"{self.location.url(name)}: its upload state is of another stream of this name; starting over")
+            self._abandon(name, earlier)
+            return None
+        if earlier is None or not continuable(self.client, self.location, earlier, discard):
             return None
         self._earlier = earlier
         return earlier.checkpoint
+
+    def unfollowed(self) -> None:
+        if self._earlier is not None:
+            self._abandon(stream_name(self._earlier.stream), self._earlier)
+
+    def _abandon(self, name: str, earlier: state.UploadState) -> None:
+        """Delete ``earlier``'s state and abort its upload (what is left of it lapses with the store's rules)."""
+        state.forget(self.client, self.location, name)
+        with contextlib.suppress(e.StoreError), calling(self.location.url(earlier.key)):
+            self.client.abort_multipart_upload(
+                Bucket=self.location.bucket, Key=self.location.key(earlier.key), UploadId=earlier.upload_id
+            )
 
     def take(self, session: SessionReceiver, sender: Sender) -> Taken:
         """Check the stream of ``session`` and archive it (as ``send --to s3://``); its name, size and snapshot.
@@ -109,6 +129,7 @@ class Bucket(Catalogued):
             session,  # type: ignore[arg-type]
             self.location, self.client, wrote=session.wrote, client=sender.identity, peer=sender.peer,
             key=None if session.raw else sender.key, resume=resume, in_flight=part, max_part=part, saved=saved,
+            fenced=lambda: self._fenced,
         )  # fmt: skip
         session.commit()
         return Taken(done.url.rsplit("/", 1)[1], done.size, (done.snapshot,) if done.snapshot else ())

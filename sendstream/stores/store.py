@@ -121,16 +121,25 @@ class Store(abc.ABC):
     def take(self, session: SessionReceiver, sender: Sender) -> Taken:
         """Check the stream of ``session`` and keep it; on any failure nothing is kept under its name."""
 
-    def hold(self, identity: Identity, lost: Callable[[], object]) -> contextlib.AbstractContextManager[None]:
+    def hold(
+        self, identity: Identity, lost: Callable[[str], object], alive: Callable[[], int]
+    ) -> contextlib.AbstractContextManager[None]:
         """Hold the stream of ``identity`` for one transfer against other services that share the place (a
-        bucket's claim; ``lost`` hears when another took it over); a place of this machine's: nothing (the
-        service's own claims keep its transfers apart)."""
+        bucket's claim, held while ``alive()`` grows; ``lost`` hears why it was let go); a place of this
+        machine's: nothing (the service's own claims keep its transfers apart)."""
         return contextlib.nullcontext()
 
     def resumed(self, identity: Identity, key: bytes, discard: Callable[[str], object]) -> Checkpoint | None:
         """Where an earlier transfer of the stream of ``identity`` into a place without a journal stands
         (a bucket's upload state, signed with ``key``; ``discard`` hears why one is not taken); None: from
         the start."""
+        return None
+
+    def unfollowed(self) -> None:
+        """The sender could not follow the answer :meth:`resumed`'s checkpoint gave, which had no ledger
+        (a bucket's upload another service continued: the ledger of what it kept is not known there): a new
+        sender cannot check its stream against it, so what was kept goes and the next transfer starts over
+        (the one that could not follow sent nothing of it yet). A place of this machine's: nothing."""
         return None
 
     def journal(self, identity: Identity) -> str | None:

@@ -5,6 +5,7 @@ killing its service resumes on another from the state in the bucket, and every s
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.balancer import haproxy
@@ -210,12 +212,13 @@ def test_a_claim_is_one_service_s_until_it_lapses_and_is_never_deleted_by_anothe
         second.take()
     now[0] += 21  # the first renews no more (killed): its claim lapses, the second takes it over
     second.take()
-    lost: list[bool] = []
-    first.hold(lambda: lost.append(True))  # a renewal finds it taken: the first hears so
+    lost: list[str] = []
+    first.hold(lost.append, itertools.count().__next__)  # a renewal finds it taken: the first hears so
     deadline = time.monotonic() + 30
     while not lost:
         assert time.monotonic() < deadline
         time.sleep(0.05)
+    assert lost == ["another service took the claim over"]
     first.release()  # not the first's any more: left to the second
     assert json.loads(client.get_object(Bucket=bucket, Key="c/S.stream.claim")["Body"].read())["holder"] == "second"
     second.release()
@@ -229,3 +232,86 @@ def _took(lease: Lease) -> bool:
     except e.SessionError:
         return False
     return True
+
+
+def test_a_claim_is_let_go_when_its_transfer_stands_still_and_a_forged_one_is_taken_over(store: Store) -> None:
+    bucket, client = store.bucket(), store.client()
+    where = Location(bucket, "c/")
+    client.put_object(Bucket=bucket, Key="c/F.stream.claim", Body=b'{"holder": "x", "nonce": "n", "until": 1e308}')
+    forged = Lease(client, where, "F.stream", "ours")
+    forged.take()  # a claim that says it holds for ever is no lease of ours: lapsed
+    still: list[str] = []
+    stalled = Lease(client, where, "S.stream", "still", seconds=1.0, renew=0.2)
+    stalled.take()
+    stalled.hold(still.append, lambda: 0)  # nothing moves: a sender gone without a word
+    deadline = time.monotonic() + 30
+    while not still:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert still[0].startswith("nothing moved for "), still
+    stalled.release()
+    forged.release()
+    gone = Lease(client, Location("no-such-bucket-here", "c/"), "G.stream", "gone")
+    gone.release()  # never an error: a claim that cannot be deleted lapses
+
+
+def _parts(client: Any, bucket: str, key: str) -> int:
+    """How many parts the upload state at ``key`` names (0: none, or no state)."""
+    try:
+        return len(json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())["state"]["parts"])
+    except Exception:
+        return 0
+
+
+def test_a_continued_upload_cut_again_goes_on_for_its_sender_and_starts_over_for_a_new_one(
+    store: Store, tmp_path: Path
+) -> None:
+    """A continuing service knows no ledger of the part it did not see: the same sender follows it after a
+    second kill; a new sender process cannot check its stream there, so that state goes and its next run
+    stores the stream whole."""
+    bucket, client, port = store.bucket(), store.client(), free_port()
+    key_file(tmp_path / "alpha.key")
+    config = tmp_path / "serve.toml"
+    config.write_text(f'listen = "127.0.0.1:{port}"\n[clients.alpha]\nkey = "alpha.key"\nstore = "s3://{bucket}/a"\n')
+    data = a_stream(tmp_path / "s.stream", 64)
+    state = f"a/{stream_name(stream_identity(data[: 64 << 10]))}.upload"
+    argv = [
+        *CMD, "send", "--to", f"127.0.0.1:{port}", str(tmp_path / "s.stream"), "--key", str(tmp_path / "alpha.key"),
+        "--identity", "alpha", "--resumable", "--retries", "12", "--rate-limit", "6M", "--progress", "none",
+    ]  # fmt: skip
+    services = [Service(config, port, store.env, free_port())]
+    sender = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=store.env)
+    try:
+        for want in (1, 3):  # a kill once a part is in the state, then once the next service saved two more
+            deadline = time.monotonic() + 120
+            while _parts(client, bucket, state) < want:
+                assert time.monotonic() < deadline and sender.poll() is None, sender.poll()
+                time.sleep(0.05)
+            services[-1].stop(signal.SIGKILL)
+            services.append(Service(config, port, store.env, free_port()))  # another service, at that address
+            deadline = time.monotonic() + 120
+            while not [x for x in services[-1].lines if x.get("event") == "transfer"]:
+                assert time.monotonic() < deadline and sender.poll() is None, sender.poll()
+                time.sleep(0.05)
+        services[-1].stop(signal.SIGKILL)
+        sender.kill()  # the sender too: a new process comes instead
+        sender.wait()
+        services.append(Service(config, port, store.env, free_port()))
+        fresh = subprocess.run(argv, capture_output=True, env=store.env, timeout=240)
+        assert fresh.returncode != 0 and b"already has" in fresh.stderr, fresh.stderr
+        assert _parts(client, bucket, state) == 0  # gone, with its upload
+        again = subprocess.run(argv, capture_output=True, env=store.env, timeout=240)
+        assert again.returncode == 0, again.stderr
+    finally:
+        if sender.poll() is None:
+            sender.kill()
+            sender.wait()
+        for service in services:
+            service.stop()
+    restored = subprocess.run(
+        [*CMD, "restore", f"s3://{bucket}/a/{stream_identity(data[:65536])['uuid']}", "-o", "-"],
+        capture_output=True,
+        env=store.env,
+    )
+    assert restored.returncode == 0 and restored.stdout == data, restored.stderr
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
