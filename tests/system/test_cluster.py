@@ -149,6 +149,9 @@ def test_a_scheduler_that_is_not_there_or_not_for_this_place_is_one_line(store: 
     assert gone.returncode == 4, gone.stderr
     assert gone.stderr.startswith(b"sendstream: error: cannot reach the Dask scheduler at tcp://"), gone.stderr
     assert len(gone.stderr.splitlines()) == 1 and gone.stdout == b""
+    with dask_cluster(tmp_path / "empty") as cluster:  # a scheduler, and no worker
+        lonely = run(env, "verify", url, "--endpoint-url", store.endpoint, "--scheduler", cluster.address)
+    assert lonely.returncode == 4 and b"has no worker (none came in 10 s)" in lonely.stderr, lonely.stderr
     stream = run(env, "verify", str(STREAMS[0]), "--scheduler", "tcp://127.0.0.1:8786")
     assert stream.returncode == 2 and b"--scheduler: only for s3://" in stream.stderr, stream.stderr
     place = run(env, "verify", str(tmp_path), "--scheduler", "tcp://127.0.0.1:8786")
