@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from .. import __version__
 from .. import errors as e
 from .catalog import Entry
 from .reading import Verdict, process_client, to_verify, verdict
@@ -107,13 +108,7 @@ def _result(distributed: Any, future: Any, url: str) -> Verdict:
         raise e.ClusterError(f"{url}: a worker could not check it: {exc}") from None
     except Exception as exc:
         raise e.ClusterError(
-            f"{url}: a worker could not check it: {type(exc).__name__}: {exc} (is sendstream {_version()} "
+            f"{url}: a worker could not check it: {type(exc).__name__}: {exc} (is sendstream {__version__} "
             "installed on every worker?)"
         ) from None
     return found
-
-
-def _version() -> str:
-    from .. import __version__
-
-    return __version__

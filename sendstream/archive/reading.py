@@ -156,14 +156,13 @@ def opener(entry: Entry, location: Location, key: Sealer | None) -> Sealer | Non
 @dataclass(frozen=True)
 class Measured:
     """What a stream read from the store is: its size, restarts healed, commands, ledger and SHA-256 (""
-    when not hashed), and its first bytes (:data:`BEGUN` of them: they say the snapshot)."""
+    when not hashed)."""
 
     size: int
     restarts: int
     commands: int
     ledger: str
     sha256: str
-    begun: bytes
 
 
 def measure(
@@ -179,15 +178,8 @@ def measure(
     digest, ledger = hashlib.sha256() if sha256 else None, Ledger()
     reader = RangedReader(s3, location, entry, digest=digest, sealer=opener(entry, location, key))
     header: StreamHeader | None = None  # held until the first command says the stream is the one named
-    begun = bytearray()
-
-    def written(data: Any) -> None:
-        if len(begun) < BEGUN:
-            begun.extend(memoryview(data)[: BEGUN - len(begun)])
-        write(data)
-
     try:
-        healer = Healer(written, ledger=ledger)
+        healer = Healer(write, ledger=ledger)
         for event in file_events(reader, Framer(), healer.batch, firsts=True):  # type: ignore[arg-type]
             if header is None and isinstance(event, StreamHeader):
                 header = event
@@ -200,7 +192,7 @@ def measure(
     finally:
         reader.close()
     hexdigest = digest.hexdigest() if digest is not None else ""
-    return Measured(healer.written, healer.restart_count, ledger.commands, ledger.digest(), hexdigest, bytes(begun))
+    return Measured(healer.written, healer.restart_count, ledger.commands, ledger.digest(), hexdigest)
 
 
 def check(

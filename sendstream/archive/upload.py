@@ -530,10 +530,16 @@ def upload(
         raise
     assert parts.name is not None and parts.identity is not None
     if resume is None:
-        found = Measured(healer.written, 0, ledger.commands, ledger.digest(), digest.hexdigest(), b"")
+        found = Measured(healer.written, 0, ledger.commands, ledger.digest(), digest.hexdigest())
     else:
-        found = measure(s3, location, _entry(parts.name, parts.identity, parts.objects))
-        parts.snapshot = snapshot_name(found.begun)
+        begun = bytearray()  # the stream's first bytes, read back: they say the snapshot
+
+        def head(data: Any) -> None:
+            if len(begun) < _PREFIX:
+                begun.extend(memoryview(data)[: _PREFIX - len(begun)])
+
+        found = measure(s3, location, _entry(parts.name, parts.identity, parts.objects), head)
+        parts.snapshot = snapshot_name(bytes(begun))
     record = manifest(
         parts.identity,
         size=found.size,

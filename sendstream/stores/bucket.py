@@ -118,18 +118,12 @@ class Bucket(Catalogued):
                 session.commit()
                 return Taken(name, same.size, (same.snapshot,) if same.snapshot else (), already=True)
         part = WINDOW_SIZE // 4
-        durable = [session.verified]
-        session.checkpoint = lambda written: durable[0]
-
-        def saved(offset: int) -> None:
-            durable[0] = max(durable[0], offset)
-            session.durable(offset)
-
+        session.checkpoint = lambda written: session.verified  # what is written is durable once saved()
         done = upload(
             session,  # type: ignore[arg-type]
             self.location, self.client, wrote=session.wrote, client=sender.identity, peer=sender.peer,
-            key=None if session.raw else sender.key, resume=resume, in_flight=part, max_part=part, saved=saved,
-            fenced=lambda: self._fenced,
+            key=None if session.raw else sender.key, resume=resume, in_flight=part, max_part=part,
+            saved=session.durable, fenced=lambda: self._fenced,
         )  # fmt: skip
         session.commit()
         return Taken(done.url.rsplit("/", 1)[1], done.size, (done.snapshot,) if done.snapshot else ())
