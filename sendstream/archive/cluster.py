@@ -47,6 +47,7 @@ def verify(s3: BucketClient, location: Location, scheduler: str) -> Iterator[Ver
     """Check every stream archived at ``location`` on the cluster of ``scheduler``: the verdicts of
     :func:`~sendstream.archive.reading.verify`, in its order."""
     distributed = _engine()
+    _take(scheduler)  # a wrong address is said before the archive is listed
     problems, ordered = to_verify(s3, location)
     with _connected(distributed, scheduler) as client:
         try:
@@ -68,12 +69,14 @@ def _engine() -> Any:
     return distributed
 
 
-def _connected(distributed: Any, scheduler: str) -> Any:
+def _take(scheduler: str) -> None:
+    """Refuse an address Dask cannot take here (said before a client is made: one made for such an address
+    hangs at exit, closing)."""
     import dask.config
 
-    # said before a client is made: one made for an address it cannot take hangs at exit, closing
-    scheme = scheduler.partition("://")[0] if "://" in scheduler else ""
-    if scheme not in ("tcp", "tls"):
+    scheme, _, where = scheduler.partition("://") if "://" in scheduler else ("", "", "")
+    host, _, port = where.rpartition(":")
+    if scheme not in ("tcp", "tls") or not host or not port.isdigit():
         raise e.UsageError(f"--scheduler {scheduler!r}: expected tcp://HOST:PORT or tls://HOST:PORT")
     if scheme == "tcp" and dask.config.get("distributed.comm.require-encryption", None):
         raise e.UsageError(
@@ -86,6 +89,9 @@ def _connected(distributed: Any, scheduler: str) -> Any:
             "certificate and key (DASK_DISTRIBUTED__COMM__TLS__CA_FILE, DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT "
             "and DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY, or distributed.comm.tls in ~/.config/dask/)"
         )
+
+
+def _connected(distributed: Any, scheduler: str) -> Any:
     try:
         return distributed.Client(scheduler, timeout=CONNECT_SECONDS, set_as_default=False)
     except ValueError as exc:  # an address Dask cannot take
